@@ -1,0 +1,50 @@
+"""SpecDiff-2: speculative decoding with masked-diffusion drafters, self-selection and exact verification."""
+
+from .acceptance import Verdict, greedy_accept, speculative_accept
+from .config import DrafterConfig, SamplingParams, SpecConfig
+from .drafter import (
+    Drafter,
+    HFDiffusionDrafter,
+    build_small_drafter,
+    drafter_from_verifier,
+    find_mask_token_id,
+    load_drafter,
+    save_drafter,
+)
+from .engine import GenerationResult, SpeculativeDecoder, generate_plain, make_generator
+from .sampling import target_probs
+from .selection import expected_streak, sample_candidates, select
+from .stats import DecodeStats
+from .tree import TokenTree, build_tree
+from .verifier import HFVerifier, Verifier, VerifierSession
+
+__all__ = [
+    "DecodeStats",
+    "Drafter",
+    "DrafterConfig",
+    "GenerationResult",
+    "HFDiffusionDrafter",
+    "HFVerifier",
+    "SamplingParams",
+    "SpecConfig",
+    "SpeculativeDecoder",
+    "TokenTree",
+    "Verdict",
+    "Verifier",
+    "VerifierSession",
+    "build_small_drafter",
+    "build_tree",
+    "drafter_from_verifier",
+    "expected_streak",
+    "find_mask_token_id",
+    "generate_plain",
+    "greedy_accept",
+    "load_drafter",
+    "make_generator",
+    "sample_candidates",
+    "save_drafter",
+    "select",
+    "speculative_accept",
+    "target_probs",
+]
+__version__ = "0.1.0"

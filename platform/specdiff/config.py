@@ -1,0 +1,120 @@
+"""Algorithm configuration: frozen dataclasses validated on construction.
+
+Every error is a ``ValueError`` whose message names the field and the bad value, so a typo in a YAML file or an
+HTTP request surfaces as ``gamma must be >= 1, got 0`` rather than as a shape error deep inside a forward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+
+def _check(ok: bool, name: str, value: object, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {rule}, got {value!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the verifier samples; defines the target distribution p exactly.
+
+    Applied in Hugging Face's order: temperature, then top-k, then top-p. ``temperature=0`` is greedy decoding
+    (p is one-hot on the argmax) and ignores top-k / top-p.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables the filter
+
+    def __post_init__(self) -> None:
+        _check(_is_real(self.temperature) and self.temperature >= 0, "temperature", self.temperature, "a number >= 0")
+        _check(_is_real(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
+        _check(_is_int(self.top_k) and self.top_k >= 0, "top_k", self.top_k, "an integer >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+Acceptance = Literal["greedy", "speculative"]
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """One speculative round: draft a window of ``gamma`` tokens, sample ``num_candidates`` (K) candidates at
+    ``draft_temperature``, keep the best by expected accepted streak, verify it.
+
+    ``acceptance``:
+      - ``"greedy"``: accept x with probability p(x) (exact for any selection rule; the paper's choice).
+      - ``"speculative"``: standard speculative sampling min(1, p/q); exact only for K=1, accepts more.
+    """
+
+    gamma: int = 8
+    num_candidates: int = 4
+    draft_temperature: float = 1.5
+    draft_top_k: int = 0  # 0 disables the filter
+    acceptance: Acceptance = "greedy"
+
+    def __post_init__(self) -> None:
+        _check(_is_int(self.gamma) and self.gamma >= 1, "gamma", self.gamma, "an integer >= 1")
+        _check(
+            _is_int(self.num_candidates) and self.num_candidates >= 1,
+            "num_candidates (K)",
+            self.num_candidates,
+            "an integer >= 1",
+        )
+        _check(
+            _is_real(self.draft_temperature) and self.draft_temperature >= 0,
+            "draft_temperature",
+            self.draft_temperature,
+            "a number >= 0",
+        )
+        _check(_is_int(self.draft_top_k) and self.draft_top_k >= 0, "draft_top_k", self.draft_top_k, "an integer >= 0")
+        _check(self.acceptance in ("greedy", "speculative"), "acceptance", self.acceptance, "'greedy' or 'speculative'")
+        if self.acceptance == "speculative" and self.num_candidates != 1:
+            raise ValueError(
+                f"acceptance='speculative' is exact only for a single candidate; got num_candidates (K)="
+                f"{self.num_candidates}. Use acceptance='greedy' with self-selection."
+            )
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """How a masked-diffusion model is run as a drafter.
+
+    ``mask_token_id`` may lie outside the verifier's vocabulary (an appended token): marginals are always cut to
+    ``vocab_size`` and the mask token, if inside it, gets probability 0.
+    """
+
+    mask_token_id: int
+    vocab_size: int  # size of the verifier-visible vocabulary the marginals cover
+    denoising_steps: int = 1
+    shifted_logits: bool = False  # DiffuCoder/Dream, DiffuLLaMA: position i is predicted from the output at i-1
+    max_context: int | None = None  # left-truncate prefixes longer than this (bounds drafter cost)
+    force_bidirectional: bool = True  # pass an all-visible 4D mask (turns a causal HF architecture bidirectional)
+
+    def __post_init__(self) -> None:
+        _check(_is_int(self.mask_token_id) and self.mask_token_id >= 0, "mask_token_id", self.mask_token_id, "an integer >= 0")
+        _check(_is_int(self.vocab_size) and self.vocab_size >= 2, "vocab_size", self.vocab_size, "an integer >= 2")
+        _check(
+            _is_int(self.denoising_steps) and self.denoising_steps >= 1,
+            "denoising_steps",
+            self.denoising_steps,
+            "an integer >= 1",
+        )
+        _check(
+            self.max_context is None or (_is_int(self.max_context) and self.max_context >= 1),
+            "max_context",
+            self.max_context,
+            "None or an integer >= 1",
+        )

@@ -1,0 +1,241 @@
+"""Masked-diffusion drafters: one forward pass over ``prefix ∥ [MASK]×γ`` yields the marginals q_1..q_γ.
+
+``HFDiffusionDrafter`` runs any Hugging Face model that maps input ids to logits. With ``force_bidirectional``
+(default) it passes an all-visible 4D attention mask, which turns a causal architecture (Llama, Qwen2, ...) into a
+bidirectional one; natively bidirectional models (Dream/DiffuCoder, DiffuLLaMA) can take a plain padding mask
+instead and usually need ``shifted_logits=True``.
+
+``build_small_drafter`` / ``drafter_from_verifier`` make the built-in drafter: a few-layer Llama-shaped
+transformer run bidirectionally, whose mask token is appended after the verifier's vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+from .config import DrafterConfig
+from .hf import HFModel
+
+DRAFTER_META = "specdiff_drafter.json"
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Role interface: stateless prefix -> marginals."""
+
+    vocab_size: int
+
+    def propose(self, prefix: Sequence[int], gamma: int) -> torch.Tensor:
+        """Marginals [gamma, V] (float32 probabilities) for the gamma positions after ``prefix``."""
+        ...
+
+    def propose_batch(self, prefixes: Sequence[Sequence[int]], gamma: int) -> torch.Tensor:
+        """Marginals [B, gamma, V] for a batch of prefixes of any lengths."""
+        ...
+
+
+class HFDiffusionDrafter:
+    def __init__(self, model: torch.nn.Module, config: DrafterConfig):
+        self.hf = HFModel(model)
+        self.config = config
+        self.vocab_size = config.vocab_size
+        embed_rows = int(model.get_input_embeddings().weight.shape[0])
+        if config.mask_token_id >= embed_rows:
+            raise ValueError(
+                f"mask_token_id must index the drafter's embedding table ({embed_rows} rows), got {config.mask_token_id}"
+            )
+        if self.hf.vocab_size < config.vocab_size:
+            raise ValueError(
+                f"vocab_size must be <= the drafter's output vocabulary ({self.hf.vocab_size}), got {config.vocab_size}"
+            )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        mask_token_id: int | None = None,
+        vocab_size: int | None = None,
+        dtype: torch.dtype | None = None,
+        trust_remote_code: bool = False,
+        **options,
+    ) -> HFDiffusionDrafter:
+        """Wrap a Hugging Face masked-diffusion model (a local folder or hub id). The mask token comes from
+        ``mask_token_id``, else the tokenizer, else the model config. ``options``: the other DrafterConfig fields."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+        if mask_token_id is None:
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+            mask_token_id = find_mask_token_id(model, tokenizer)
+        vocab = vocab_size or int(model.get_output_embeddings().weight.shape[0])
+        return cls(model, DrafterConfig(mask_token_id=mask_token_id, vocab_size=vocab, **options))
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.hf.model
+
+    def propose(self, prefix: Sequence[int], gamma: int) -> torch.Tensor:
+        return self.propose_batch([prefix], gamma)[0]
+
+    def propose_batch(self, prefixes: Sequence[Sequence[int]], gamma: int) -> torch.Tensor:
+        if gamma < 1:
+            raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+        if not prefixes or any(len(p) == 0 for p in prefixes):
+            raise ValueError("prefix must contain at least one token, got an empty prefix")
+        cfg = self.config
+        if cfg.max_context is not None:
+            # Bounded context keeps drafter cost flat as the text grows; room is kept for the window itself.
+            keep = max(1, cfg.max_context - gamma)
+            prefixes = [list(p)[-keep:] for p in prefixes]
+        ids, allowed, positions = self._inputs(prefixes, gamma)
+        window = slice(ids.shape[1] - gamma, ids.shape[1])
+        marginals = torch.zeros(len(prefixes), gamma, cfg.vocab_size)
+        still_masked = torch.ones(len(prefixes), gamma, dtype=torch.bool)
+        steps = min(cfg.denoising_steps, gamma)
+        for step in range(steps):
+            probs = self._window_probs(ids, allowed, positions, gamma)  # [B, gamma, V]
+            if step == steps - 1:
+                marginals[still_masked] = probs[still_masked]
+                break
+            # Unmask the most confident still-masked positions; their marginals are final, and their argmax token
+            # conditions the next pass.
+            n_unmask = math.ceil(int(still_masked[0].sum()) / (steps - step))
+            confidence = probs.max(-1).values.masked_fill(~still_masked, -1.0)
+            chosen = confidence.topk(n_unmask, dim=-1).indices  # [B, n_unmask]
+            rows = torch.arange(len(prefixes))[:, None]
+            marginals[rows, chosen] = probs[rows, chosen]
+            still_masked[rows, chosen] = False
+            window_ids = ids[:, window].clone()
+            window_ids[rows, chosen] = probs[rows, chosen].argmax(-1).to(ids.device)
+            ids[:, window] = window_ids
+        return marginals
+
+    def _inputs(self, prefixes: Sequence[Sequence[int]], gamma: int):
+        """Left-padded ``prefix ∥ [MASK]×γ`` ids [B, L], key-validity mask [B, L] and position ids [B, L]."""
+        cfg = self.config
+        length = max(len(p) for p in prefixes) + gamma
+        ids = torch.full((len(prefixes), length), cfg.mask_token_id, dtype=torch.long)
+        valid = torch.zeros(len(prefixes), length, dtype=torch.bool)
+        for b, p in enumerate(prefixes):
+            start = length - gamma - len(p)
+            ids[b, start : length - gamma] = torch.as_tensor(list(p), dtype=torch.long)
+            valid[b, start:] = True
+        positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
+        return ids, valid, positions
+
+    def _window_probs(self, ids, valid, positions, gamma) -> torch.Tensor:
+        cfg = self.config
+        if cfg.force_bidirectional:
+            # Every query attends to every real (non-pad) key: [B, 1, L, L].
+            allowed = valid[:, None, :].expand(-1, ids.shape[1], -1)
+            mask = self.hf.additive_mask(allowed)
+        else:
+            mask = valid.long().to(self.hf.device)
+        last = gamma + 1 if cfg.shifted_logits else gamma
+        logits = self.hf.logits(ids, attention_mask=mask, position_ids=positions.to(self.hf.device), last=last)
+        logits = logits[:, :gamma] if cfg.shifted_logits else logits  # shifted: position i from output i-1
+        logits = logits[..., : cfg.vocab_size].float()
+        if cfg.mask_token_id < cfg.vocab_size:
+            logits[..., cfg.mask_token_id] = float("-inf")
+        return logits.softmax(-1).cpu()
+
+
+def find_mask_token_id(model: torch.nn.Module, tokenizer=None) -> int:
+    """The mask token id declared by the tokenizer or the model config; a clear error when neither has one."""
+    for source in (tokenizer, getattr(model, "config", None), getattr(model, "generation_config", None)):
+        token_id = getattr(source, "mask_token_id", None)
+        if token_id is not None:
+            return int(token_id)
+    raise ValueError(
+        "mask_token_id is missing: neither the tokenizer nor the model config defines a mask token; "
+        "pass mask_token_id=<id> (a diffusion drafter needs one)"
+    )
+
+
+def build_small_drafter(
+    vocab_size: int,
+    *,
+    hidden_size: int = 256,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int | None = None,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 2048,
+    rope_theta: float = 10000.0,
+    tie_word_embeddings: bool = True,
+    seed: int = 0,
+) -> HFDiffusionDrafter:
+    """A small bidirectional drafter (random init) over ``vocab_size`` tokens, mask token appended at id V."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size + 1,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads or num_heads,
+        max_position_embeddings=max_position_embeddings,
+        rope_theta=rope_theta,
+        tie_word_embeddings=tie_word_embeddings,
+        attn_implementation="sdpa",
+    )
+    with torch.random.fork_rng():  # seeding is local to construction; the caller's global RNG is untouched
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return HFDiffusionDrafter(model, DrafterConfig(mask_token_id=vocab_size, vocab_size=vocab_size))
+
+
+def drafter_from_verifier(verifier: torch.nn.Module, num_layers: int = 2, *, seed: int = 0) -> HFDiffusionDrafter:
+    """A Llama-shaped drafter that inherits a Llama-family verifier's embeddings, LM head, final norm and
+    ``num_layers`` of its decoder layers (evenly spaced), with one appended mask-token row."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vconf = verifier.config
+    vocab = int(verifier.get_output_embeddings().weight.shape[0])
+    config = LlamaConfig(**{**vconf.to_dict(), "vocab_size": vocab + 1, "num_hidden_layers": num_layers})
+    config.tie_word_embeddings = bool(getattr(vconf, "tie_word_embeddings", False))
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(next(verifier.parameters()).dtype)
+    src_layers = verifier.model.layers
+    picks = torch.linspace(0, len(src_layers) - 1, num_layers).round().long().tolist()
+    with torch.no_grad():
+        for dst, i in zip(model.model.layers, picks):
+            dst.load_state_dict(src_layers[i].state_dict())
+        model.model.norm.load_state_dict(verifier.model.norm.state_dict())
+        emb = verifier.get_input_embeddings().weight
+        model.model.embed_tokens.weight[:vocab] = emb
+        model.model.embed_tokens.weight[vocab] = emb.mean(0)
+        if not config.tie_word_embeddings:
+            head = verifier.get_output_embeddings().weight
+            model.lm_head.weight[:vocab] = head
+            model.lm_head.weight[vocab] = 0
+    return HFDiffusionDrafter(model, DrafterConfig(mask_token_id=vocab, vocab_size=vocab))
+
+
+def save_drafter(drafter: HFDiffusionDrafter, path: str | Path, **record) -> Path:
+    """Weights (safetensors) + ``specdiff_drafter.json`` (drafter config and any lineage ``record``)."""
+    path = Path(path)
+    drafter.model.save_pretrained(path)
+    meta = {"drafter_config": drafter.config.__dict__, **record}
+    (path / DRAFTER_META).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return path
+
+
+def load_drafter(path: str | Path, *, dtype: torch.dtype | None = None) -> HFDiffusionDrafter:
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    meta_file = path / DRAFTER_META
+    if not meta_file.is_file():
+        raise ValueError(f"drafter path must hold {DRAFTER_META} (written by save_drafter), got {str(path)!r}")
+    meta = json.loads(meta_file.read_text())
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return HFDiffusionDrafter(model, DrafterConfig(**meta["drafter_config"]))

@@ -1,0 +1,228 @@
+"""The decode loop: speculative decoding with a diffusion drafter, self-selection and exact verification.
+
+One round: the drafter proposes marginals for a window of gamma positions (one pass); K candidates are sampled at
+the draft temperature and merged into a trie; the verifier scores the trie in one pass (that pass is also the
+verification pass); the candidate with the highest expected streak is verified; the accepted tokens plus one
+recovered-or-bonus token are emitted and committed to the verifier's KV cache.
+
+The engine knows nothing about text except for optional stop strings (which need a tokenizer to decode).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from .acceptance import greedy_accept, speculative_accept
+from .config import SamplingParams, SpecConfig
+from .drafter import Drafter
+from .sampling import sample, target_probs
+from .selection import sample_candidates, select
+from .stats import DecodeStats
+from .tree import build_tree, chain
+from .verifier import Verifier, VerifierSession
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # new tokens only (the stop token, if one ended generation, included)
+    finish_reason: str  # "stop" (stop token/string), "length" (max_new_tokens) or "context" (verifier context full)
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+def make_generator(seed: int | None = None, generator: torch.Generator | None = None) -> torch.Generator:
+    """The generator a decode draws from: the one passed in, else a fresh one from ``seed`` (or from the OS)."""
+    if generator is not None:
+        return generator
+    gen = torch.Generator()
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+class _Stopper:
+    """Truncates emitted tokens at max_new_tokens, the first stop token, or the end of the first stop string."""
+
+    def __init__(self, max_new_tokens, stop_token_ids, stop_strings, decode):
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if stop_strings and decode is None:
+            raise ValueError(f"stop_strings={list(stop_strings)!r} need a tokenizer to decode; none was given")
+        if any(not s for s in stop_strings):
+            raise ValueError(f"stop_strings must be non-empty strings, got {list(stop_strings)!r}")
+        self.max_new_tokens = max_new_tokens
+        self.stop_ids = frozenset(int(t) for t in stop_token_ids)
+        self.stop_strings = tuple(stop_strings)
+        self.decode = decode
+        self.out: list[int] = []
+        self.finish_reason: str | None = None
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.out)
+
+    def push(self, tokens: list[int]) -> list[int]:
+        """Append a round's tokens; return the ones actually emitted (possibly fewer)."""
+        start = len(self.out)
+        for i, tok in enumerate(tokens):
+            if tok in self.stop_ids:
+                tokens, self.finish_reason = tokens[: i + 1], "stop"
+                break
+        tokens = tokens[: self.remaining]
+        self.out.extend(tokens)
+        if self.stop_strings:
+            self._cut_at_stop_string(start)
+        if self.finish_reason is None and self.remaining == 0:
+            self.finish_reason = "length"
+        return self.out[start:]
+
+    def _cut_at_stop_string(self, start: int) -> None:
+        if not any(s in self.decode(self.out) for s in self.stop_strings):
+            return
+        for end in range(max(start, 1), len(self.out) + 1):  # the shortest output that contains a stop string
+            if any(s in self.decode(self.out[:end]) for s in self.stop_strings):
+                del self.out[end:]
+                self.finish_reason = "stop"
+                return
+
+
+def _plain_step(session: VerifierSession, sampling: SamplingParams, gen, stats: DecodeStats) -> list[int]:
+    t0 = time.perf_counter()
+    logp = session.score(chain(session.tokens[-1], []))
+    stats.verifier_s += time.perf_counter() - t0
+    token = int(sample(target_probs(logp[0], sampling), gen))
+    session.commit([], token)
+    stats.record_plain_step()
+    return [token]
+
+
+def _room(session: VerifierSession, max_context: int | None) -> int:
+    """Tokens that may still be emitted before the verifier's context is full."""
+    return max_context - len(session.tokens) if max_context is not None else 1 << 62
+
+
+class SpeculativeDecoder:
+    """Speculative decoding with a diffusion drafter and self-selection; output distributed exactly as the verifier's.
+
+    >>> decoder = SpeculativeDecoder(drafter, verifier)
+    >>> result = decoder.generate(prompt_ids, max_new_tokens=64, spec=SpecConfig(gamma=8, num_candidates=4), seed=0)
+    >>> result.tokens, result.stats.tau
+    """
+
+    def __init__(self, drafter: Drafter, verifier: Verifier, *, decode: Callable[[list[int]], str] | None = None):
+        if drafter.vocab_size != verifier.vocab_size:
+            raise ValueError(
+                f"drafter vocab_size ({drafter.vocab_size}) must equal the verifier's vocab_size "
+                f"({verifier.vocab_size}); drafter and verifier must share a tokenizer"
+            )
+        self.drafter = drafter
+        self.verifier = verifier
+        self.decode = decode
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_new_tokens: int = 128,
+        sampling: SamplingParams = SamplingParams(),
+        spec: SpecConfig = SpecConfig(),
+        stop_token_ids: Sequence[int] = (),
+        stop_strings: Sequence[str] = (),
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> GenerationResult:
+        stats = DecodeStats()
+        stopper = _Stopper(max_new_tokens, stop_token_ids, stop_strings, self.decode)
+        for _ in self._rounds(prompt, stopper, sampling, spec, make_generator(seed, generator), stats):
+            pass
+        return GenerationResult(stopper.out, stopper.finish_reason or "context", stats)
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        *,
+        max_new_tokens: int = 128,
+        sampling: SamplingParams = SamplingParams(),
+        spec: SpecConfig = SpecConfig(),
+        stop_token_ids: Sequence[int] = (),
+        stop_strings: Sequence[str] = (),
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        stats: DecodeStats | None = None,
+    ) -> Iterator[list[int]]:
+        """Yield the tokens emitted by each round; ``stats`` (if given) is updated as rounds complete."""
+        stopper = _Stopper(max_new_tokens, stop_token_ids, stop_strings, self.decode)
+        yield from self._rounds(
+            prompt, stopper, sampling, spec, make_generator(seed, generator), stats if stats is not None else DecodeStats()
+        )
+
+    def _rounds(self, prompt, stopper: _Stopper, sampling, spec: SpecConfig, gen, stats: DecodeStats):
+        t0 = time.perf_counter()
+        session = self.verifier.start(prompt)
+        stats.prefill_s += time.perf_counter() - t0
+        while stopper.finish_reason is None:
+            room = _room(session, self.verifier.max_context)
+            if room <= 0:
+                return
+            # Emit at most min(remaining, room) tokens: the window leaves one slot for the recovered/bonus token.
+            gamma = min(spec.gamma, stopper.remaining - 1, room - 1)
+            if gamma < 1:
+                emitted = _plain_step(session, sampling, gen, stats)
+            else:
+                emitted = self._round(session, gamma, sampling, spec, gen, stats)
+            out = stopper.push(emitted)
+            if out:
+                yield out
+
+    def _round(self, session: VerifierSession, gamma: int, sampling, spec: SpecConfig, gen, stats) -> list[int]:
+        t0 = time.perf_counter()
+        marginals = self.drafter.propose(session.tokens, gamma)  # [gamma, V]
+        t1 = time.perf_counter()
+        candidates, draft_probs = sample_candidates(
+            marginals, spec.num_candidates, spec.draft_temperature, gen, spec.draft_top_k
+        )
+        tree = build_tree(session.tokens[-1], candidates)
+        logp = session.score(tree)  # [N+1, V]
+        stats.drafter_s += t1 - t0
+        stats.verifier_s += time.perf_counter() - t1
+        probs = target_probs(logp, sampling)  # [N+1, V]
+        best = select(tree, probs)[0] if tree.candidates.shape[0] > 1 else 0
+        path = tree.paths[best]  # [gamma] node indices
+        draft = tree.candidates[best]  # [gamma]
+        path_probs = probs[torch.cat([torch.zeros(1, dtype=torch.long), path])]  # [gamma+1, V]
+        if spec.acceptance == "speculative":
+            verdict = speculative_accept(draft, path_probs, draft_probs, gen)
+        else:
+            verdict = greedy_accept(draft, path_probs, gen)
+        session.commit(path[: verdict.num_accepted].tolist(), verdict.next_token)
+        stats.record_round(gamma, verdict.num_accepted, tree.candidates.shape[0], tree.num_nodes - 1)
+        return verdict.emitted(draft.tolist())
+
+
+def generate_plain(
+    verifier: Verifier,
+    prompt: Sequence[int],
+    *,
+    max_new_tokens: int = 128,
+    sampling: SamplingParams = SamplingParams(),
+    stop_token_ids: Sequence[int] = (),
+    stop_strings: Sequence[str] = (),
+    decode: Callable[[list[int]], str] | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+) -> GenerationResult:
+    """Verifier-only decoding with the same KV cache and sampling: the reference and the fallback."""
+    stats = DecodeStats()
+    stopper = _Stopper(max_new_tokens, stop_token_ids, stop_strings, decode)
+    gen = make_generator(seed, generator)
+    t0 = time.perf_counter()
+    session = verifier.start(prompt)
+    stats.prefill_s += time.perf_counter() - t0
+    while stopper.finish_reason is None and _room(session, verifier.max_context) > 0:
+        stopper.push(_plain_step(session, sampling, gen, stats))
+    return GenerationResult(stopper.out, stopper.finish_reason or "context", stats)

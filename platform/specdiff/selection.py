@@ -1,0 +1,51 @@
+"""Self-selection (SpecDiff-2, Alg. 1 / Eq. 7): sample K candidates from the drafter's marginals, keep the one with
+the highest expected accepted streak under the verifier.
+
+The score of candidate x is ``sum_m prod_{j<=m} p(x_j | s, x_<j)``: the expected number of tokens greedy
+acceptance keeps. Selection looks at drafter samples and verifier probabilities only, never at the acceptance
+coins, which is what keeps greedy acceptance exact (see ``acceptance``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .sampling import sample, tempered
+from .tree import TokenTree
+
+
+def sample_candidates(
+    marginals: torch.Tensor,
+    num_candidates: int,
+    temperature: float,
+    generator: torch.Generator | None,
+    top_k: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw K candidates, each position independently.
+
+    marginals: [gamma, V] drafter probabilities. Returns (candidates [K, gamma] long, draft_probs [gamma, V]), where
+    draft_probs is the exact distribution each position was drawn from (needed by speculative sampling).
+    """
+    draft_probs = tempered(marginals, temperature, top_k)
+    candidates = sample(draft_probs, generator, num_candidates)  # [gamma, K]
+    return candidates.T.contiguous(), draft_probs
+
+
+def path_probs(tree: TokenTree, node_probs: torch.Tensor) -> torch.Tensor:
+    """p(x_j | s, x_<j) for every distinct candidate and position: [C, gamma]. node_probs: [N+1, V]."""
+    return node_probs[tree.parent_rows(), tree.candidates]
+
+
+def expected_streak(probs: torch.Tensor) -> torch.Tensor:
+    """sum_m prod_{j<=m} probs[..., j] over the last dim: [..., gamma] -> [...]."""
+    return probs.cumprod(dim=-1).sum(dim=-1)
+
+
+def select(tree: TokenTree, node_probs: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """Index (row of ``tree.candidates``) of the best candidate, and all scores [C].
+
+    Ties go to the candidate sampled first (``torch.argmax`` returns the first maximum), so selection is
+    deterministic given the samples.
+    """
+    scores = expected_streak(path_probs(tree, node_probs).double())
+    return int(scores.argmax()), scores

@@ -1,0 +1,117 @@
+"""The verifier: a frozen causal LM with an exact KV cache, scoring a whole candidate trie in one forward pass.
+
+A session holds the tokens so far. Its cache covers every token but the last ("pending") one, whose logits are
+not computed yet: ``score(tree)`` feeds the pending token as the tree's root plus all trie nodes, with a tree
+attention mask (a node sees the cached prefix, the root and its ancestors) and position ids by depth, and returns
+log-probs at every node. ``commit(path, next_token)`` keeps the root and the accepted nodes in the cache, drops the
+rest, and makes ``next_token`` the new pending token, so the next round never recomputes the prefix.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import torch
+
+from .hf import HFModel
+from .tree import TokenTree
+
+
+class VerifierSession(Protocol):
+    tokens: list[int]
+
+    def score(self, tree: TokenTree) -> torch.Tensor:
+        """Log-probs [N+1, V] (float32) of the next token at every node of ``tree``."""
+        ...
+
+    def commit(self, path: Sequence[int], next_token: int) -> None:
+        """Keep the scored tree's nodes ``path`` (node indices >= 1, root to leaf), then append ``next_token``."""
+        ...
+
+
+class Verifier(Protocol):
+    vocab_size: int
+    max_context: int | None
+
+    def start(self, prompt: Sequence[int]) -> VerifierSession: ...
+
+
+def check_prompt(prompt: Sequence[int], max_context: int | None, vocab_size: int) -> list[int]:
+    prompt = [int(t) for t in prompt]
+    if not prompt:
+        raise ValueError("prompt must contain at least one token, got 0 tokens")
+    bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"prompt token ids must lie in [0, {vocab_size}), got {bad}")
+    if max_context is not None and len(prompt) > max_context:
+        raise ValueError(f"prompt has {len(prompt)} tokens, more than the verifier's context of {max_context}")
+    return prompt
+
+
+class HFVerifier:
+    """Verifier backend over any Hugging Face causal LM whose attention accepts a custom 4D mask."""
+
+    def __init__(self, model: torch.nn.Module, *, max_context: int | None = None):
+        self.hf = HFModel(model)
+        self.vocab_size = self.hf.vocab_size
+        self.max_context = max_context or self.hf.max_context
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.hf.model
+
+    def start(self, prompt: Sequence[int]) -> HFVerifierSession:
+        return HFVerifierSession(self, check_prompt(prompt, self.max_context, self.vocab_size))
+
+
+class HFVerifierSession:
+    def __init__(self, verifier: HFVerifier, prompt: list[int]):
+        from transformers import DynamicCache
+
+        self.hf = verifier.hf
+        self.tokens = list(prompt)
+        self.cache = DynamicCache()
+        self._scored: TokenTree | None = None
+        if len(prompt) > 1:  # prefill everything but the pending token
+            self.hf.logits(torch.tensor([prompt[:-1]]), cache=self.cache, last=1)
+
+    @property
+    def cached(self) -> int:
+        """Tokens held in the KV cache (all but the pending one, between rounds)."""
+        return self.cache.get_seq_length()
+
+    def score(self, tree: TokenTree) -> torch.Tensor:
+        if int(tree.tokens[0]) != self.tokens[-1]:
+            raise ValueError(f"tree root must be the pending token {self.tokens[-1]}, got {int(tree.tokens[0])}")
+        if self._scored is not None:
+            raise RuntimeError("score() called twice without commit(); the cache holds the previous tree")
+        prefix = self.cached
+        n = tree.num_nodes
+        allowed = torch.ones(1, n, prefix + n, dtype=torch.bool)
+        allowed[0, :, prefix:] = tree.attention_mask()
+        positions = (prefix + tree.depth)[None]  # [1, N+1]
+        logits = self.hf.logits(
+            tree.tokens[None], attention_mask=self.hf.additive_mask(allowed), position_ids=positions, cache=self.cache
+        )
+        self._scored = tree
+        return logits[0].float().log_softmax(-1).cpu()
+
+    @torch.no_grad()
+    def commit(self, path: Sequence[int], next_token: int) -> None:
+        if self._scored is None:
+            raise RuntimeError("commit() needs a scored tree; call score() first")
+        base = self.cached - self._scored.num_nodes  # cache length before the tree
+        path = [int(i) for i in path]
+        keep = base + 1 + len(path)  # prefix, root, accepted nodes
+        if path != list(range(1, len(path) + 1)):
+            # Move the accepted nodes' keys/values next to the root; the first candidate's path is already there.
+            src = torch.tensor([base + i for i in path], device=self.hf.device)
+            for layer in self.cache.layers:
+                layer.keys[..., base + 1 : keep, :] = layer.keys.index_select(-2, src)
+                layer.values[..., base + 1 : keep, :] = layer.values.index_select(-2, src)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[..., :keep, :]
+            layer.values = layer.values[..., :keep, :]
+        self.tokens.extend(int(self._scored.tokens[i]) for i in path)
+        self.tokens.append(int(next_token))
+        self._scored = None

@@ -1,0 +1,116 @@
+"""Tree attention scores every candidate exactly; the KV-cache commit keeps the cache exact; selection is optimal."""
+
+from __future__ import annotations
+
+import torch
+
+from helpers import full_logprobs
+from specdiff import HFVerifier, SamplingParams, build_tree, expected_streak, select
+from specdiff.tree import chain
+
+PROMPT = [3, 17, 9, 41, 2, 8]
+# Shared prefixes (rows 0/1 share 2 tokens, rows 2/3 share 1), a duplicate (row 4 == row 0) and a lone branch.
+CANDIDATES = torch.tensor(
+    [
+        [5, 6, 7, 8],
+        [5, 6, 9, 9],
+        [1, 2, 3, 4],
+        [1, 7, 7, 7],
+        [5, 6, 7, 8],
+        [11, 12, 13, 14],
+    ]
+)
+
+
+def test_trie_merges_shared_prefixes_and_duplicates():
+    tree = build_tree(0, CANDIDATES)
+    assert tree.candidates.shape[0] == 5  # the duplicate collapsed
+    assert tree.candidate_of.tolist() == [0, 1, 2, 3, 0, 4]
+    assert tree.num_nodes == 1 + 4 + 2 + 4 + 3 + 4
+    for row, path in zip(tree.candidates, tree.paths):
+        assert tree.tokens[path].tolist() == row.tolist()
+        assert tree.depth[path].tolist() == [1, 2, 3, 4]
+    mask = tree.attention_mask()
+    leaf = int(tree.paths[1, -1])
+    assert mask[leaf].nonzero().flatten().tolist() == sorted([0] + tree.paths[1].tolist())
+
+
+def test_tree_scoring_equals_separate_forward_passes(verifier_model):
+    session = HFVerifier(verifier_model).start(PROMPT)
+    tree = build_tree(PROMPT[-1], CANDIDATES)
+    logp = session.score(tree)  # [N+1, V]
+    for row in range(tree.candidates.shape[0]):
+        cand = tree.candidates[row].tolist()
+        reference = full_logprobs(verifier_model, PROMPT + cand)[len(PROMPT) - 1 :]  # [gamma+1, V]
+        nodes = [0] + tree.paths[row].tolist()
+        torch.testing.assert_close(logp[nodes], reference, atol=1e-5, rtol=1e-5)
+
+
+def test_commit_keeps_cache_exact(verifier_model):
+    session = HFVerifier(verifier_model).start(PROMPT)
+    tokens = list(PROMPT)
+    # Round 1: accept two tokens of a candidate that is NOT the trie's first path (nodes must be moved).
+    tree = build_tree(tokens[-1], CANDIDATES)
+    session.score(tree)
+    path = tree.paths[2, :2].tolist()
+    session.commit(path, 33)
+    tokens += tree.candidates[2, :2].tolist() + [33]
+    assert session.tokens == tokens and session.cached == len(tokens) - 1
+    # Round 2: accept the first path entirely; round 3: reject at once.
+    for accept, nxt in [(4, 21), (0, 12)]:
+        tree = build_tree(tokens[-1], CANDIDATES[[1, 3]])
+        logp = session.score(tree)
+        torch.testing.assert_close(logp[0], full_logprobs(verifier_model, tokens)[-1], atol=1e-5, rtol=1e-5)
+        session.commit(tree.paths[0, :accept].tolist(), nxt)
+        tokens += tree.candidates[0, :accept].tolist() + [nxt]
+    logp = session.score(chain(tokens[-1], []))
+    torch.testing.assert_close(logp[0], full_logprobs(verifier_model, tokens)[-1], atol=1e-5, rtol=1e-5)
+
+
+def test_selection_never_keeps_a_lower_score(verifier_model):
+    session = HFVerifier(verifier_model).start(PROMPT)
+    g = torch.Generator().manual_seed(0)
+    for temperature in (0.0, 0.7, 1.0):
+        for _ in range(20):
+            cands = torch.randint(0, 8, (8, 4), generator=g)  # small alphabet: many shared prefixes and duplicates
+            tree = build_tree(PROMPT[-1], cands)
+            probs = torch.softmax(torch.randn(tree.num_nodes, 64, generator=g) * 3, -1)
+            if temperature == 0:
+                probs = torch.nn.functional.one_hot(probs.argmax(-1), 64).float()
+            best, scores = select(tree, probs)
+            # Score each candidate independently, walking its own path.
+            for row in range(tree.candidates.shape[0]):
+                nodes = [0] + tree.paths[row].tolist()
+                p = torch.stack([probs[nodes[j], tree.candidates[row, j]] for j in range(4)])
+                torch.testing.assert_close(scores[row], expected_streak(p.double()))
+            assert scores[best] == scores.max()
+            assert best == int((scores == scores.max()).nonzero()[0])  # deterministic tie-break: first sampled
+    assert session.cached == len(PROMPT) - 1
+
+
+def test_expected_streak_is_expected_greedy_accepted_length():
+    # Brute-force: enumerate the accept/reject outcomes of 4 positions.
+    import itertools
+
+    p = torch.tensor([0.9, 0.5, 0.7, 0.2], dtype=torch.float64)
+    expected = 0.0
+    for outcome in itertools.product([True, False], repeat=4):
+        prob = torch.where(torch.tensor(outcome), p, 1 - p).prod()
+        streak = next((i for i, ok in enumerate(outcome) if not ok), 4)
+        expected += float(prob) * streak
+    assert abs(float(expected_streak(p)) - expected) < 1e-12
+
+
+def test_target_probs_matches_hf_warpers():
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from specdiff import target_probs
+
+    logits = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)) * 3
+    for t, k, p in [(0.7, 0, 1.0), (1.0, 10, 1.0), (1.3, 0, 0.8), (0.5, 7, 0.6)]:
+        scores = TemperatureLogitsWarper(t)(None, logits.clone())
+        if k:
+            scores = TopKLogitsWarper(k)(None, scores)
+        if p < 1:
+            scores = TopPLogitsWarper(p)(None, scores)
+        torch.testing.assert_close(target_probs(logits, SamplingParams(temperature=t, top_k=k, top_p=p)), scores.softmax(-1))
