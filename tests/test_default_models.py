@@ -21,10 +21,13 @@ pytestmark = pytest.mark.slow
 def smollm(tmp_path_factory):
     home = tmp_path_factory.mktemp("specdiff_home")
     os.environ["SPECDIFF_HOME"] = str(home)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
     try:
         yield load_causal_lm(DEFAULT_VERIFIER, torch.float32)
     finally:
         os.environ.pop("SPECDIFF_HOME", None)
+        torch.set_num_threads(threads)
 
 
 def test_real_verifier_greedy_equality(smollm):

@@ -31,17 +31,11 @@ def test_marginals_shape_and_one_pass(drafter):
 
 
 def test_attention_is_bidirectional(drafter):
-    # A change at the LAST prefix token changes the marginals; and the prefix tokens see each other both ways:
-    # changing the first token changes the model's output at a middle position, which a causal model would not.
-    base = drafter.propose([1, 2, 3, 4], 4)
-    assert not torch.allclose(base, drafter.propose([1, 2, 3, 5], 4))
-    ids, valid, pos = drafter._inputs([[1, 2, 3, 4]], 4)
-    mask = drafter.hf.additive_mask(valid[:, None, :].expand(-1, ids.shape[1], -1))
-    out_a = drafter.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[0, 1]
-    ids2 = ids.clone()
-    ids2[0, 3] = 9  # a LATER token
-    out_b = drafter.model(input_ids=ids2, attention_mask=mask, position_ids=pos).logits[0, 1]
-    assert not torch.allclose(out_a, out_b)
+    # The first window position sees the masks AFTER it only if attention is bidirectional: a causal model would
+    # give the same first marginal whatever the window length.
+    prefix = [1, 2, 3, 4]
+    assert not torch.allclose(drafter.propose(prefix, 4)[0], drafter.propose(prefix, 1)[0], atol=1e-4)
+    assert not torch.allclose(drafter.propose(prefix, 4), drafter.propose([1, 2, 3, 5], 4))
 
 
 def test_batch_equals_single(drafter):

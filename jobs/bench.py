@@ -1,0 +1,250 @@
+"""Benchmark: plain decoding vs HF assisted generation vs specdiff drafters, measured side by side in ONE process.
+
+    python jobs/bench.py --drafter streak=DIR [--drafter ar_distill=DIR ...] [--ar-drafter DIR] [--quick]
+
+Same prompts (evaluation splits), same verifier, same dtype, same max tokens for every method; for each prompt
+all methods run back to back, so machine noise hits them alike. Speed-ups are ratios of tokens/s measured in this
+run. The first ``--drafter`` (or ``--sweep``) is swept over K x draft temperature; the others run at ``--k-default``
+/ ``--td-default``. Writes ``bench.md`` (table), ``bench.json`` (every number) and ``alpha.png`` (alpha_j per
+position) under ``--out``, and logs them to MLflow with ``--mlflow``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specdiff import DecodeStats, HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain, load_drafter
+from specdiff.models import DEFAULT_VERIFIER, load_causal_lm, parse_dtype, state_dir
+from specdiff.prompts import chat_prompt_ids, load_prompts
+
+
+@dataclass
+class Method:
+    name: str
+    kind: str  # "plain" | "assisted" | "specdiff"
+    temperature: float
+    drafter: str | None = None
+    k: int = 1
+    draft_temperature: float = 1.0
+
+
+@dataclass
+class Tally:
+    tokens: int = 0
+    seconds: float = 0.0
+    verifier_calls: int = 0
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--verifier", default=DEFAULT_VERIFIER)
+    p.add_argument("--drafter", action="append", default=[], metavar="NAME=DIR", help="a specdiff drafter (repeat)")
+    p.add_argument("--ar-drafter", default=None, help="small causal LM for HF assisted generation (iso-cost control)")
+    p.add_argument("--sweep", default=None, help="drafter NAME swept over K x draft temperature (default: first)")
+    p.add_argument("--domains", nargs="+", default=["code", "math", "chat"])
+    p.add_argument("--prompts-per-domain", type=int, default=5)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--gamma", type=int, default=8)
+    p.add_argument("--k", nargs="+", type=int, default=[1, 2, 4, 8])
+    p.add_argument("--draft-temperatures", nargs="+", type=float, default=[1.0, 1.5, 2.0])
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0], help="verifier temperatures")
+    p.add_argument("--k-default", type=int, default=4)
+    p.add_argument("--td-default", type=float, default=1.5)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench_out")
+    p.add_argument("--mlflow", action="store_true", help="log table, JSON and plot to MLflow")
+    p.add_argument("--quick", action="store_true", help="CI-sized smoke run: 1 prompt/domain, 16 tokens, small grid")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.prompts_per_domain, args.max_new_tokens = 1, 16
+        args.k, args.draft_temperatures, args.temperatures = [1, 4], [1.5], [0.0]
+    drafters = {}
+    for item in args.drafter:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            p.error(f"--drafter must be NAME=DIR, got {item!r}")
+        drafters[name] = path
+    args.drafters = drafters
+    if args.sweep is not None and args.sweep not in drafters:
+        p.error(f"--sweep must name a --drafter, got {args.sweep!r} (have {sorted(drafters)})")
+    return args
+
+
+def methods_for(args) -> list[Method]:
+    sweep = args.sweep or next(iter(args.drafters), None)
+    out = []
+    for t in args.temperatures:
+        out.append(Method("plain", "plain", t))
+        if args.ar_drafter and t == 0:  # HF assisted generation, greedy (its sampling path is not comparable)
+            out.append(Method("hf_assisted_ar", "assisted", t))
+        for name in args.drafters:
+            grid = [(k, td) for k in args.k for td in args.draft_temperatures] if name == sweep else [
+                (args.k_default, args.td_default)]
+            out += [Method(name, "specdiff", t, name, k, td) for k, td in grid]
+    return out
+
+
+def label(m: Method) -> str:
+    if m.kind != "specdiff":
+        return f"{m.name} T={m.temperature:g}"
+    return f"{m.name} K={m.k} Td={m.draft_temperature:g} T={m.temperature:g}"
+
+
+class Runner:
+    def __init__(self, args):
+        dtype = parse_dtype(args.dtype)
+        self.args = args
+        self.model, self.tokenizer = load_causal_lm(args.verifier, dtype)
+        self.verifier = HFVerifier(self.model)
+        self.decoders = {
+            name: SpeculativeDecoder(load_drafter(path, dtype=dtype), self.verifier) for name, path in args.drafters.items()
+        }
+        self.assistant = None
+        if args.ar_drafter:
+            from transformers import AutoModelForCausalLM
+
+            self.assistant = AutoModelForCausalLM.from_pretrained(args.ar_drafter, dtype=dtype).eval()
+        self.stops = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        self._calls = 0
+        self.model.register_forward_hook(lambda *_: setattr(self, "_calls", self._calls + 1))
+
+    def run(self, m: Method, prompt: list[int], seed: int) -> tuple[int, float, int, DecodeStats]:
+        """(new tokens, seconds, verifier forwards after prefill, stats)."""
+        sampling = SamplingParams(temperature=m.temperature)
+        common = dict(max_new_tokens=self.args.max_new_tokens, stop_token_ids=self.stops, seed=seed)
+        self._calls = 0
+        t0 = time.perf_counter()
+        if m.kind == "plain":
+            r = generate_plain(self.verifier, prompt, sampling=sampling, **common)
+            tokens, stats = r.tokens, r.stats
+        elif m.kind == "assisted":
+            with torch.no_grad():
+                out = self.model.generate(
+                    torch.tensor([prompt]), assistant_model=self.assistant, do_sample=False,
+                    max_new_tokens=self.args.max_new_tokens, eos_token_id=self.stops or None,
+                    pad_token_id=self.stops[0] if self.stops else 0,
+                )
+            tokens, stats = out[0, len(prompt):].tolist(), DecodeStats()
+        else:
+            spec = SpecConfig(gamma=self.args.gamma, num_candidates=m.k, draft_temperature=m.draft_temperature)
+            r = self.decoders[m.drafter].generate(prompt, sampling=sampling, spec=spec, **common)
+            tokens, stats = r.tokens, r.stats
+        seconds = time.perf_counter() - t0
+        return len(tokens), seconds, max(self._calls - 1, 1), stats
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runner = Runner(args)
+    methods = methods_for(args)
+    prompts = {d: [chat_prompt_ids(runner.tokenizer, p) for p in load_prompts(d, "eval", args.prompts_per_domain)]
+               for d in args.domains}
+    runner.run(methods[-1], prompts[args.domains[0]][0], 0)  # warm-up
+    tallies: dict[tuple[str, str], Tally] = {}
+    total = sum(len(v) for v in prompts.values()) * len(methods)
+    done, t_start = 0, time.perf_counter()
+    for domain, domain_prompts in prompts.items():
+        for i, prompt in enumerate(domain_prompts):
+            for m in methods:  # back to back on the same prompt
+                n, s, calls, stats = runner.run(m, prompt, args.seed + i)
+                t = tallies.setdefault((domain, label(m)), Tally())
+                t.tokens += n
+                t.seconds += s
+                t.verifier_calls += calls
+                t.stats = t.stats.merge(stats)
+                done += 1
+            print(f"[bench] {done}/{total} runs, {time.perf_counter() - t_start:.0f} s", flush=True)
+    report = build_report(args, methods, tallies)
+    (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
+    (out_dir / "bench.md").write_text(report["table"])
+    plot_alpha(report, out_dir / "alpha.png")
+    print(report["table"])
+    if args.mlflow:
+        log_to_mlflow(args, out_dir, report)
+    return 0
+
+
+def build_report(args, methods: list[Method], tallies) -> dict:
+    rows, lines = [], ["| domain | method | tau | tokens/s | speed-up vs plain | drafter ms/round | tree nodes/round | verifier ms/call |",
+                       "|---|---|---|---|---|---|---|---|"]
+    for (domain, name), t in tallies.items():
+        m = next(m for m in methods if label(m) == name)
+        plain = tallies[(domain, f"plain T={m.temperature:g}")]
+        s = t.stats
+        row = {
+            "domain": domain, "method": name, "kind": m.kind, "drafter": m.drafter, "k": m.k,
+            "draft_temperature": m.draft_temperature, "temperature": m.temperature, "tokens": t.tokens,
+            "seconds": t.seconds, "tokens_per_s": t.tokens_per_s(),
+            "speedup": t.tokens_per_s() / plain.tokens_per_s() if plain.tokens_per_s() else 0.0,
+            "tau": t.tokens / t.verifier_calls if t.verifier_calls else 0.0,
+            "alpha": s.alpha, "drafter_ms_per_round": 1000 * s.drafter_s / s.rounds if s.rounds else 0.0,
+            "tree_nodes_per_round": s.tree_nodes / s.rounds if s.rounds else 0.0,
+            "verifier_ms_per_call": 1000 * s.verifier_s / s.verifier_calls if s.verifier_calls else 0.0,
+            "stats": s.to_dict(),
+        }
+        rows.append(row)
+        lines.append(f"| {domain} | {name} | {row['tau']:.2f} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f}x | "
+                     f"{row['drafter_ms_per_round']:.1f} | {row['tree_nodes_per_round']:.1f} | "
+                     f"{row['verifier_ms_per_call']:.1f} |")
+    config = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, dict, type(None)))}
+    return {"config": config, "rows": rows, "table": "\n".join(lines) + "\n"}
+
+
+def plot_alpha(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    best: dict[str, dict] = {}
+    for row in report["rows"]:  # per drafter, its fastest T=0 configuration, alpha averaged over domains
+        if row["kind"] == "specdiff" and row["temperature"] == 0:
+            key = row["drafter"]
+            if key not in best or row["speedup"] > best[key]["speedup"]:
+                best[key] = row
+    for name, row in best.items():
+        alpha = row["alpha"]
+        ax.plot(range(1, len(alpha) + 1), alpha, marker="o", label=f"{name} (K={row['k']}, Td={row['draft_temperature']:g})")
+    ax.set_xlabel("draft position j")
+    ax.set_ylabel("alpha_j (accepted | reached)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    if best:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def log_to_mlflow(args, out_dir: Path, report: dict) -> None:
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{state_dir() / 'mlflow.db'}" if not mlflow.get_tracking_uri().startswith(
+        ("http", "sqlite")) else mlflow.get_tracking_uri())
+    mlflow.set_experiment("specdiff-bench")
+    with mlflow.start_run(run_name="bench"):
+        mlflow.log_params({k: str(v)[:250] for k, v in report["config"].items()})
+        for i, row in enumerate(report["rows"]):
+            key = f"{row['domain']}.{row['method']}".replace(" ", "_").replace("=", "")
+            mlflow.log_metrics({f"{key}.speedup": row["speedup"], f"{key}.tau": row["tau"]})
+        for name in ("bench.md", "bench.json", "alpha.png"):
+            mlflow.log_artifact(str(out_dir / name))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

