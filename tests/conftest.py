@@ -16,3 +16,18 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def verifier_model():
     return tiny_llama(64, seed=0)
+
+
+@pytest.fixture(scope="session")
+def specdiff_home(tmp_path_factory):
+    """One state directory for the session: the default verifier is converted from GGUF once, then reused."""
+    import os
+
+    home = tmp_path_factory.mktemp("specdiff_home")
+    previous = os.environ.get("SPECDIFF_HOME")
+    os.environ["SPECDIFF_HOME"] = str(home)
+    yield home
+    if previous is None:
+        os.environ.pop("SPECDIFF_HOME", None)
+    else:
+        os.environ["SPECDIFF_HOME"] = previous
