@@ -90,10 +90,7 @@ class HFDiffusionDrafter:
         if not prefixes or any(len(p) == 0 for p in prefixes):
             raise ValueError("prefix must contain at least one token, got an empty prefix")
         cfg = self.config
-        if cfg.max_context is not None:
-            # Bounded context keeps drafter cost flat as the text grows; room is kept for the window itself.
-            keep = max(1, cfg.max_context - gamma)
-            prefixes = [list(p)[-keep:] for p in prefixes]
+        prefixes = bound_prefixes(prefixes, gamma, cfg.max_context)
         ids, allowed, positions = self._inputs(prefixes, gamma)
         window = slice(ids.shape[1] - gamma, ids.shape[1])
         marginals = torch.zeros(len(prefixes), gamma, cfg.vocab_size)
@@ -125,6 +122,15 @@ class HFDiffusionDrafter:
     def _window_probs(self, ids, valid, positions, gamma) -> torch.Tensor:
         batch = WindowInputs(ids=ids, valid=valid, positions=positions, gamma=gamma)
         return window_logits(self.hf, batch, self.config, grad=False).softmax(-1).cpu()
+
+
+def bound_prefixes(prefixes: Sequence[Sequence[int]], gamma: int, max_context: int | None) -> list[list[int]]:
+    """Left-truncate prefixes so that prefix + window fits ``max_context`` (None: unbounded). Bounded context keeps
+    drafter cost flat as the text grows; room is kept for the window itself."""
+    if max_context is None:
+        return [list(p) for p in prefixes]
+    keep = max(1, max_context - gamma)
+    return [list(p)[-keep:] for p in prefixes]
 
 
 @dataclass(frozen=True)
