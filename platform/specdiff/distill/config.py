@@ -215,8 +215,10 @@ def _describe(error: ValidationError) -> str:
             lines.append(f"unknown config key {where!r}")
         elif e["type"] == "missing":
             lines.append(f"missing config key {where!r}")
+        elif not where:  # a cross-field check: its message names the fields and values
+            lines.append(e["msg"].removeprefix("Value error, "))
         else:
-            lines.append(f"{where or 'config'}: {e['msg']} (got {e.get('input')!r})")
+            lines.append(f"{where}: {e['msg']} (got {e.get('input')!r})")
     return "; ".join(lines)
 
 

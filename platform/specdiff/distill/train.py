@@ -153,13 +153,17 @@ def train_loop(loop_config: dict) -> None:
         optimizer, lambda s: lr_factor(s, t.warmup_steps, t.steps, t.schedule))
     generator = torch.Generator().manual_seed(cfg.run.seed * 7919 + rank)
 
-    state = {"step": 0, "run_id": None, "evals": [], "attempts": 0}
+    # starts: the step each attempt began at (a resumed run continues from its checkpoint, not from 0).
+    state = {"step": 0, "run_id": None, "evals": [], "starts": [], "verifier_digest": record["digest"]}
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
             state = load_checkpoint(Path(d), model, optimizer, scheduler, generator)
-    state["attempts"] += 1
+        if state["verifier_digest"] != record["digest"]:
+            raise ValueError(f"run {cfg.run.name!r} was trained against verifier {state['verifier_digest']}, got "
+                             f"{record['digest']}; use a new run.name to start over")
     start = state["step"]
+    state["starts"].append(start)
     if rank == 0:
         print(f"[distill] rank 0/{world}: {'resuming at step ' + str(start) if start else 'starting'} "
               f"({sum(p.numel() for p in params):,} trainable parameters, objective={o.kind}, gamma={o.gamma})",
