@@ -49,7 +49,7 @@ def absolutize(cfg: DistillConfig) -> DistillConfig:
 
 
 def init_ray(cfg: DistillConfig) -> None:
-    """Connect to ``ray.address`` / RAY_ADDRESS (``ray job submit`` sets it) or start a local Ray. The specdiff
+    """Connect to ``ray.address`` / RAY_ADDRESS (``ray job submit`` sets it) or start a new local Ray. The specdiff
     package travels to the workers as a ``py_modules`` runtime env, so the cluster needs no install of it."""
     import ray
 
@@ -59,9 +59,12 @@ def init_ray(cfg: DistillConfig) -> None:
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     runtime_env = {"py_modules": [str(Path(specdiff.__file__).parent)], "excludes": ["__pycache__"]}
-    local = cfg.ray.address is None and "RAY_ADDRESS" not in os.environ
-    ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus if local else None, runtime_env=runtime_env,
-             include_dashboard=False if local else None, log_to_driver=True)
+    if cfg.ray.address is None and "RAY_ADDRESS" not in os.environ:
+        # "local": a new Ray for this job. A bare ray.init() would join whatever `ray start` cluster this machine
+        # last started, which may be someone else's.
+        ray.init(address="local", num_cpus=cfg.ray.num_cpus, runtime_env=runtime_env, include_dashboard=False)
+    else:
+        ray.init(address=cfg.ray.address, runtime_env=runtime_env)
 
 
 def run(cfg: DistillConfig) -> DistillSummary:

@@ -165,6 +165,8 @@ def train_loop(loop_config: dict) -> None:
     start = state["step"]
     state["starts"].append(start)
     if rank == 0:
+        _log_attempt(cfg, start)
+    if rank == 0:
         print(f"[distill] rank 0/{world}: {'resuming at step ' + str(start) if start else 'starting'} "
               f"({sum(p.numel() for p in params):,} trainable parameters, objective={o.kind}, gamma={o.gamma})",
               flush=True)
@@ -223,7 +225,7 @@ def train_loop(loop_config: dict) -> None:
         step += 1
         state["step"] = step
         step_times.append(time.perf_counter() - began)
-        losses.append(float(loss))
+        losses.append(loss.item())
 
         if cfg.fault.kill_at_step == step and cfg.fault.kill_rank == rank:
             marker = Path(cfg.run.storage_path) / cfg.run.name / "fault_injected"
@@ -257,6 +259,17 @@ def train_loop(loop_config: dict) -> None:
             ray.train.report(metrics)
     if step == t.steps:
         tracker.finish()
+
+
+def _log_attempt(cfg: DistillConfig, start: int) -> None:
+    """Append this attempt's first step to <storage>/<run>/attempts.jsonl (local storage only): the history of
+    starts, restarts and resumes survives even when the checkpoint written last was never registered."""
+    if "://" in cfg.run.storage_path:
+        return
+    path = Path(cfg.run.storage_path) / cfg.run.name / "attempts.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps({"start": start, "time": time.time()}) + "\n")
 
 
 def _report_with_checkpoint(metrics, rank, model, optimizer, scheduler, generator, state, *, final, drafter, cfg,
