@@ -10,18 +10,27 @@ Decisions about when to report depend only on the step, so all ranks call ``ray.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
 import signal
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from ..drafter import HFDiffusionDrafter, build_small_drafter, drafter_from_verifier, load_drafter, save_drafter
-from ..drafter import window_inputs, window_logits
+from ..drafter import (
+    HFDiffusionDrafter,
+    build_small_drafter,
+    drafter_from_verifier,
+    load_drafter,
+    save_drafter,
+    window_inputs,
+    window_logits,
+)
 from ..hf import HFModel
 from ..objectives import ar_distill_loss, mask_window, masked_diffusion_loss, naive_window_loss, streak_loss
 from .config import DistillConfig
@@ -47,8 +56,6 @@ def build_drafter(cfg: DistillConfig, verifier_model: torch.nn.Module | None) ->
         drafter = build_small_drafter(vocab, hidden_size=d.hidden_size, num_layers=d.num_layers,
                                       num_heads=d.num_heads, seed=cfg.run.seed)
     if d.max_context is not None:
-        from dataclasses import replace
-
         drafter = HFDiffusionDrafter(drafter.model, replace(drafter.config, max_context=d.max_context))
     return drafter
 
@@ -289,8 +296,6 @@ def _report_with_checkpoint(metrics, rank, model, optimizer, scheduler, generato
 
 def _write_drafter(path: Path, model, drafter: HFDiffusionDrafter, cfg: DistillConfig, record: dict, state: dict):
     """The engine-loadable drafter: LoRA merged into a copy of the weights, plus the lineage record."""
-    import copy
-
     merged = copy.deepcopy(model).merge_and_unload() if cfg.train.lora.enabled else model
     evals = state["evals"]
     save_drafter(
