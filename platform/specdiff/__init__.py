@@ -10,6 +10,8 @@ from .drafter import (
     find_mask_token_id,
     load_drafter,
     save_drafter,
+    window_inputs,
+    window_logits,
 )
 from .engine import GenerationResult, SpeculativeDecoder, generate_plain, make_generator
 from .sampling import target_probs
@@ -46,5 +48,7 @@ __all__ = [
     "select",
     "speculative_accept",
     "target_probs",
+    "window_inputs",
+    "window_logits",
 ]
 __version__ = "0.1.0"

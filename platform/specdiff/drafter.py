@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence, runtime_checkable
 
@@ -89,10 +90,7 @@ class HFDiffusionDrafter:
         if not prefixes or any(len(p) == 0 for p in prefixes):
             raise ValueError("prefix must contain at least one token, got an empty prefix")
         cfg = self.config
-        if cfg.max_context is not None:
-            # Bounded context keeps drafter cost flat as the text grows; room is kept for the window itself.
-            keep = max(1, cfg.max_context - gamma)
-            prefixes = [list(p)[-keep:] for p in prefixes]
+        prefixes = bound_prefixes(prefixes, gamma, cfg.max_context)
         ids, allowed, positions = self._inputs(prefixes, gamma)
         window = slice(ids.shape[1] - gamma, ids.shape[1])
         marginals = torch.zeros(len(prefixes), gamma, cfg.vocab_size)
@@ -117,33 +115,77 @@ class HFDiffusionDrafter:
         return marginals
 
     def _inputs(self, prefixes: Sequence[Sequence[int]], gamma: int):
-        """Left-padded ``prefix ∥ [MASK]×γ`` ids [B, L], key-validity mask [B, L] and position ids [B, L]."""
-        cfg = self.config
-        length = max(len(p) for p in prefixes) + gamma
-        ids = torch.full((len(prefixes), length), cfg.mask_token_id, dtype=torch.long)
-        valid = torch.zeros(len(prefixes), length, dtype=torch.bool)
-        for b, p in enumerate(prefixes):
-            start = length - gamma - len(p)
-            ids[b, start : length - gamma] = torch.as_tensor(list(p), dtype=torch.long)
-            valid[b, start:] = True
-        positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
-        return ids, valid, positions
+        """(ids, valid, positions) of ``window_inputs``, as a tuple."""
+        batch = window_inputs(prefixes, gamma, self.config.mask_token_id)
+        return batch.ids, batch.valid, batch.positions
 
     def _window_probs(self, ids, valid, positions, gamma) -> torch.Tensor:
-        cfg = self.config
-        if cfg.force_bidirectional:
-            # Every query attends to every real (non-pad) key: [B, 1, L, L].
-            allowed = valid[:, None, :].expand(-1, ids.shape[1], -1)
-            mask = self.hf.additive_mask(allowed)
-        else:
-            mask = valid.long().to(self.hf.device)
-        last = gamma + 1 if cfg.shifted_logits else gamma
-        logits = self.hf.logits(ids, attention_mask=mask, position_ids=positions.to(self.hf.device), last=last)
-        logits = logits[:, :gamma] if cfg.shifted_logits else logits  # shifted: position i from output i-1
-        logits = logits[..., : cfg.vocab_size].float()
-        if cfg.mask_token_id < cfg.vocab_size:
-            logits[..., cfg.mask_token_id] = float("-inf")
-        return logits.softmax(-1).cpu()
+        batch = WindowInputs(ids=ids, valid=valid, positions=positions, gamma=gamma)
+        return window_logits(self.hf, batch, self.config, grad=False).softmax(-1).cpu()
+
+
+def bound_prefixes(prefixes: Sequence[Sequence[int]], gamma: int, max_context: int | None) -> list[list[int]]:
+    """Left-truncate prefixes so that prefix + window fits ``max_context`` (None: unbounded). Bounded context keeps
+    drafter cost flat as the text grows; room is kept for the window itself."""
+    if max_context is None:
+        return [list(p) for p in prefixes]
+    keep = max(1, max_context - gamma)
+    return [list(p)[-keep:] for p in prefixes]
+
+
+@dataclass(frozen=True)
+class WindowInputs:
+    """One drafter pass over left-padded ``prefix ∥ window``; the window is the last ``gamma`` columns."""
+
+    ids: torch.Tensor  # [B, L] long; pads hold the mask token id
+    valid: torch.Tensor  # [B, L] bool; False on left padding
+    positions: torch.Tensor  # [B, L] long; position ids, counted from each row's first real token
+    gamma: int
+
+
+def window_inputs(
+    prefixes: Sequence[Sequence[int]], window: int | torch.Tensor, mask_token_id: int
+) -> WindowInputs:
+    """Build ``prefix ∥ [MASK]×γ`` (``window`` an int γ) or ``prefix ∥ window`` (``window`` a [B, γ] id tensor,
+    e.g. a partially masked window for masked-diffusion training), left-padded to one length.
+
+    Shared by inference (``HFDiffusionDrafter.propose``) and training (``specdiff.distill``), so both see exactly
+    the same layout.
+    """
+    gamma = int(window) if isinstance(window, int) else int(window.shape[1])
+    length = max(len(p) for p in prefixes) + gamma
+    ids = torch.full((len(prefixes), length), mask_token_id, dtype=torch.long)
+    valid = torch.zeros(len(prefixes), length, dtype=torch.bool)
+    for b, p in enumerate(prefixes):
+        start = length - gamma - len(p)
+        ids[b, start : length - gamma] = torch.as_tensor(list(p), dtype=torch.long)
+        valid[b, start:] = True
+    if not isinstance(window, int):
+        ids[:, length - gamma :] = window.to(torch.long)
+    positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
+    return WindowInputs(ids=ids, valid=valid, positions=positions, gamma=gamma)
+
+
+def window_logits(hf: HFModel, batch: WindowInputs, config: DrafterConfig, *, grad: bool) -> torch.Tensor:
+    """Drafter logits [B, γ, vocab_size] (float32) for the window positions; the mask token, if inside the
+    vocabulary, is set to -inf. ``grad=True`` keeps the autograd graph (training)."""
+    gamma = batch.gamma
+    if config.force_bidirectional:
+        # Every query attends to every real (non-pad) key: [B, 1, L, L].
+        allowed = batch.valid[:, None, :].expand(-1, batch.ids.shape[1], -1)
+        mask = hf.additive_mask(allowed)
+    else:
+        mask = batch.valid.long().to(hf.device)
+    last = gamma + 1 if config.shifted_logits else gamma
+    forward = hf.forward if grad else hf.logits
+    logits = forward(batch.ids, attention_mask=mask, position_ids=batch.positions.to(hf.device), last=last)
+    logits = logits[:, :gamma] if config.shifted_logits else logits  # shifted: position i from output i-1
+    logits = logits[..., : config.vocab_size].float()
+    if config.mask_token_id < config.vocab_size:
+        logits = logits.masked_fill(
+            torch.arange(config.vocab_size, device=logits.device) == config.mask_token_id, float("-inf")
+        )
+    return logits
 
 
 def find_mask_token_id(model: torch.nn.Module, tokenizer=None) -> int:

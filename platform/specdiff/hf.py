@@ -12,8 +12,12 @@ import torch
 
 
 class HFModel:
-    def __init__(self, model: torch.nn.Module):
+    """``runner``: the module forward passes go through when it differs from ``model`` (a DDP or peft wrapper used
+    in training); conventions and shapes are still read from the plain Hugging Face ``model``."""
+
+    def __init__(self, model: torch.nn.Module, *, runner: torch.nn.Module | None = None):
         self.model = model.eval()
+        self.runner = runner if runner is not None else model
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._keeps_logits = "logits_to_keep" in params
@@ -33,7 +37,11 @@ class HFModel:
         return mask[:, None]
 
     @torch.no_grad()
-    def logits(
+    def logits(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+        """``forward`` without gradients (inference)."""
+        return self.forward(input_ids, **kwargs)
+
+    def forward(
         self,
         input_ids: torch.Tensor,
         *,
@@ -48,6 +56,6 @@ class HFModel:
             kwargs[self._cache_kwarg] = cache
         if last is not None and self._keeps_logits:
             kwargs["logits_to_keep"] = last
-        out = self.model(input_ids=input_ids.to(self.device), **kwargs)
+        out = self.runner(input_ids=input_ids.to(self.device), **kwargs)
         logits = out.logits
         return logits[:, -last:] if last is not None else logits

@@ -1,0 +1,141 @@
+"""The driver: teacher trajectories (Ray Data) streamed into a Ray Train ``TorchTrainer``; the trained drafter out.
+
+Python::
+
+    from specdiff.distill import load_config, run
+    summary = run(load_config("jobs/configs/tiny.yaml", ["train.steps=20"]))
+    summary.output_dir  # a folder for specdiff.load_drafter, with the verifier record
+
+Order of work: validate the config and its paths, hash the verifier, start/connect Ray, sample the held-out
+trajectories (small, collected on the driver), then fit. Training trajectories are not materialised: the teacher's
+``map_batches`` output streams into the workers' dataset shards (unless ``teacher.save_to`` asks for a parquet copy).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import DistillConfig, parse_config
+from .teacher import VerifierRecord, read_records, teacher_dataset, verifier_record
+from .train import DRAFTER_DIR, STATE, train_loop
+from .windows import heldout_prefixes
+
+LOCAL_FIELDS = ("run.storage_path", "run.output_dir", "verifier.path", "data.prompts", "data.heldout",
+                "data.trajectories", "drafter.path", "teacher.save_to", "tracking.artifact_location")
+
+
+@dataclass
+class DistillSummary:
+    step: int  # last optimizer step reached
+    finished: bool  # step == train.steps (False after train.stop_after)
+    output_dir: str | None  # the drafter folder, when finished
+    metrics: dict = field(default_factory=dict)  # rank 0's last reported metrics
+    verifier: dict = field(default_factory=dict)
+    checkpoint: str | None = None
+
+
+def absolutize(cfg: DistillConfig) -> DistillConfig:
+    """Resolve relative local paths against the driver's working directory (workers run elsewhere)."""
+    tree = cfg.model_dump(mode="json")
+    for dotted in LOCAL_FIELDS:
+        section, key = dotted.split(".")
+        value = tree[section][key]
+        if value and "://" not in value:
+            tree[section][key] = str(Path(value).expanduser().resolve())
+    return parse_config(tree)
+
+
+def init_ray(cfg: DistillConfig) -> None:
+    """Connect to ``ray.address`` / RAY_ADDRESS (``ray job submit`` sets it) or start a new local Ray. The specdiff
+    package travels to the workers as a ``py_modules`` runtime env, so the cluster needs no install of it."""
+    import ray
+
+    import specdiff
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    runtime_env = {"py_modules": [str(Path(specdiff.__file__).parent)], "excludes": ["__pycache__"]}
+    if cfg.ray.address is None and "RAY_ADDRESS" not in os.environ:
+        # "local": a new Ray for this job. A bare ray.init() would join whatever `ray start` cluster this machine
+        # last started, which may be someone else's.
+        ray.init(address="local", num_cpus=cfg.ray.num_cpus, runtime_env=runtime_env, include_dashboard=False)
+    else:
+        ray.init(address=cfg.ray.address, runtime_env=runtime_env)
+
+
+def run(cfg: DistillConfig) -> DistillSummary:
+    import ray.data
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    cfg = absolutize(cfg)
+    cfg.check_paths()
+    record = verifier_record(cfg.verifier.path, cfg.verifier.name, cfg.verifier.version)
+    print(f"[distill] verifier {record.name} {record.version} {record.digest[:19]}...", flush=True)
+    init_ray(cfg)
+    ray.data.DataContext.get_current().enable_progress_bars = True
+
+    heldout = teacher_dataset(read_records(cfg.data.heldout, cfg.data.read_cpus), record, cfg).take_all()
+    prefixes = heldout_prefixes(heldout, cfg.eval.offsets)
+    print(f"[distill] teacher: {len(heldout)} held-out trajectories -> {len(prefixes)} eval windows", flush=True)
+    train_ds = training_trajectories(cfg, record)
+
+    t = cfg.train
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"config": cfg.model_dump(mode="json"), "verifier_record": record.to_dict(),
+                           "heldout_prefixes": prefixes},
+        scaling_config=ray.train.ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
+                                               resources_per_worker={"CPU": t.cpus_per_worker}),
+        run_config=ray.train.RunConfig(
+            name=cfg.run.name,
+            storage_path=cfg.run.storage_path,
+            failure_config=ray.train.FailureConfig(max_failures=t.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=t.keep_checkpoints),
+        ),
+        datasets={"train": train_ds},
+    )
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    return summarize(cfg, record, result)
+
+
+def training_trajectories(cfg: DistillConfig, record: VerifierRecord):
+    """Streamed teacher output, or parquet trajectories (reused, or written first when teacher.save_to is set)."""
+    if cfg.data.trajectories:
+        print(f"[distill] reusing trajectories from {cfg.data.trajectories}", flush=True)
+        return read_records(cfg.data.trajectories, cfg.data.read_cpus)
+    ds = teacher_dataset(read_records(cfg.data.prompts, cfg.data.read_cpus), record, cfg)
+    if cfg.teacher.save_to:
+        ds.write_parquet(cfg.teacher.save_to)
+        print(f"[distill] teacher trajectories written to {cfg.teacher.save_to}", flush=True)
+        return read_records(cfg.teacher.save_to, cfg.data.read_cpus)
+    return ds
+
+
+def summarize(cfg: DistillConfig, record: VerifierRecord, result) -> DistillSummary:
+    import json
+
+    metrics = dict(result.metrics or {})
+    step = int(metrics.get("step", 0))
+    summary = DistillSummary(step=step, finished=step == cfg.train.steps, output_dir=None, metrics=metrics,
+                             verifier=record.to_dict())
+    if result.checkpoint is None:
+        return summary
+    with result.checkpoint.as_directory() as d:
+        summary.checkpoint = result.checkpoint.path
+        summary.step = json.loads((Path(d) / STATE).read_text())["step"]
+        summary.finished = summary.step == cfg.train.steps
+        src = Path(d) / DRAFTER_DIR
+        if summary.finished and src.is_dir():
+            out = Path(cfg.run.output_dir)
+            if out.exists():
+                shutil.rmtree(out)
+            shutil.copytree(src, out)
+            summary.output_dir = str(out)
+    return summary

@@ -1,0 +1,211 @@
+"""Teacher trajectories: the frozen verifier samples completions of prompts, batched, with an exact KV cache.
+
+``sample_completions`` is pure torch. ``TeacherSampler`` is the Ray Data callable class (one per actor of the pool,
+each holding the verifier); ``teacher_dataset`` wires prompts -> ``map_batches`` -> Arrow records that stream into
+training. A record holds the prompt ids, the completion ids, the verifier's identity, the sampling settings, and
+the top-k log-probs of the verifier's sampling distribution p at every completion position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..config import SamplingParams
+from ..hf import HFModel
+from ..sampling import sample, target_probs
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
+
+
+@dataclass(frozen=True)
+class VerifierRecord:
+    """Which verifier a drafter was aligned to; ``digest`` is sha256 over its config and weight files."""
+
+    name: str
+    version: str
+    digest: str
+    path: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def verifier_record(path: str | Path, name: str | None = None, version: str = "unversioned") -> VerifierRecord:
+    path = Path(path)
+    files = sorted(f for f in path.iterdir() if f.name == "config.json" or f.suffix in WEIGHT_SUFFIXES)
+    if not any(f.suffix in WEIGHT_SUFFIXES for f in files):
+        raise ValueError(f"verifier.path must hold model weights ({', '.join(WEIGHT_SUFFIXES)}), got {str(path)!r}")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return VerifierRecord(name=name or path.name, version=version, digest="sha256:" + h.hexdigest(), path=str(path))
+
+
+def load_verifier_model(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def causal_inputs(sequences: Sequence[Sequence[int]], pad_id: int = 0):
+    """Left-padded ids [B, L], validity [B, L] bool and position ids [B, L] for a causal forward pass."""
+    length = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    valid = torch.zeros(len(sequences), length, dtype=torch.bool)
+    for b, s in enumerate(sequences):
+        ids[b, length - len(s) :] = torch.as_tensor(list(s), dtype=torch.long)
+        valid[b, length - len(s) :] = True
+    positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
+    return ids, valid, positions
+
+
+@torch.no_grad()
+def sample_completions(
+    hf: HFModel,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling: SamplingParams,
+    logprobs_k: int,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample ``max_new_tokens`` tokens after every prompt from p (``target_probs`` at ``sampling``).
+
+    Returns completions [B, N] long, top-k ids [B, N, k] long and top-k log p [B, N, k] float32 (-inf where the
+    sampling filter removed the token).
+    """
+    from transformers import DynamicCache
+
+    ids, valid, positions = causal_inputs(prompts)
+    cache = DynamicCache()
+    logits = hf.logits(ids, attention_mask=valid.long(), position_ids=positions, cache=cache, last=1)[:, -1]
+    mask, pos = valid.long(), positions[:, -1:]
+    tokens, top_ids, top_lp = [], [], []
+    k = min(logprobs_k, hf.vocab_size)
+    for step in range(max_new_tokens):
+        p = target_probs(logits, sampling)  # [B, V]
+        token = sample(p, generator)  # [B, 1]
+        top = p.log().topk(k, dim=-1) if k else None
+        tokens.append(token[:, 0])
+        if top is not None:
+            top_ids.append(top.indices)
+            top_lp.append(top.values)
+        if step == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+        pos = pos + 1
+        logits = hf.logits(token, attention_mask=mask, position_ids=pos, cache=cache, last=1)[:, -1]
+    b = len(prompts)
+    completions = torch.stack(tokens, 1)
+    if not k:
+        return completions, torch.zeros(b, max_new_tokens, 0, dtype=torch.long), torch.zeros(b, max_new_tokens, 0)
+    return completions, torch.stack(top_ids, 1), torch.stack(top_lp, 1).float()
+
+
+class TeacherSampler:
+    """Ray Data callable class: a batch of prompts (pyarrow) -> a batch of trajectory records (pyarrow).
+
+    The verifier is loaded once per actor. Each actor draws from its own generator (seed + actor id), so actors
+    and epochs get fresh samples.
+    """
+
+    def __init__(self, verifier: dict, dtype: str, sampling: dict, max_new_tokens: int, logprobs_k: int,
+                 max_prompt_tokens: int, seed: int):
+        self.record = VerifierRecord(**verifier)
+        self.sampling = SamplingParams(**sampling)
+        self.hf = HFModel(load_verifier_model(self.record.path, dtype))
+        self.max_new_tokens = max_new_tokens
+        self.logprobs_k = logprobs_k
+        self.max_prompt_tokens = max_prompt_tokens
+        self.tokenizer = None
+        actor = _actor_id()
+        self.generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(actor.encode()))
+
+    def _prompt_ids(self, table) -> list[list[int]]:
+        if "prompt_ids" in table.column_names:
+            prompts = [list(map(int, p)) for p in table.column("prompt_ids").to_pylist()]
+        elif "prompt" in table.column_names:
+            if self.tokenizer is None:
+                from transformers import AutoTokenizer
+
+                self.tokenizer = AutoTokenizer.from_pretrained(self.record.path)
+            prompts = [self.tokenizer(t)["input_ids"] for t in table.column("prompt").to_pylist()]
+        else:
+            raise ValueError(f"prompt data must have a 'prompt_ids' or 'prompt' column, got {table.column_names}")
+        bad = [p for p in prompts if not p]
+        if bad:
+            raise ValueError("prompt data must not contain empty prompts")
+        return [p[-self.max_prompt_tokens :] for p in prompts]
+
+    def __call__(self, table):
+        import pyarrow as pa
+
+        prompts = self._prompt_ids(table)
+        completions, top_ids, top_lp = sample_completions(
+            self.hf, prompts, self.max_new_tokens, self.sampling, self.logprobs_k, self.generator
+        )
+        n = len(prompts)
+        return pa.table({
+            "prompt_ids": pa.array(prompts, type=pa.list_(pa.int32())),
+            "completion_ids": pa.array(completions.tolist(), type=pa.list_(pa.int32())),
+            "topk_ids": pa.array(top_ids.tolist(), type=pa.list_(pa.list_(pa.int32()))),
+            "topk_logprobs": pa.array(top_lp.tolist(), type=pa.list_(pa.list_(pa.float32()))),
+            "verifier_name": pa.array([self.record.name] * n),
+            "verifier_version": pa.array([self.record.version] * n),
+            "verifier_digest": pa.array([self.record.digest] * n),
+            "sampling": pa.array([json.dumps(asdict(self.sampling), sort_keys=True)] * n),
+        })
+
+
+def _actor_id() -> str:
+    import ray
+
+    if not ray.is_initialized():  # outside Ray (unit tests): one deterministic stream
+        return "local"
+    return ray.get_runtime_context().get_actor_id() or "driver"
+
+
+def read_records(path: str, num_cpus: float):
+    """A Ray dataset of prompts or trajectories from .jsonl/.json or .parquet (a file or a folder)."""
+    import ray.data
+
+    if path.endswith((".jsonl", ".json")):
+        return ray.data.read_json(path, num_cpus=num_cpus)
+    return ray.data.read_parquet(path, num_cpus=num_cpus)
+
+
+def teacher_dataset(prompts, verifier: VerifierRecord, cfg) -> object:
+    """prompts (a Ray dataset) -> trajectory records, sampled on an actor pool holding the verifier.
+
+    ``cfg``: the job's DistillConfig (teacher, data and verifier sections are read)."""
+    import ray.data
+
+    t = cfg.teacher
+    return prompts.map_batches(
+        TeacherSampler,
+        fn_constructor_kwargs={
+            "verifier": verifier.to_dict(),
+            "dtype": cfg.verifier.dtype,
+            "sampling": asdict(t.sampling()),
+            "max_new_tokens": t.max_new_tokens,
+            "logprobs_k": t.logprobs_k,
+            "max_prompt_tokens": cfg.data.max_prompt_tokens,
+            "seed": cfg.run.seed,
+        },
+        batch_size=t.batch_size,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=t.num_actors),
+        num_cpus=t.cpus_per_actor,
+        num_gpus=t.gpus_per_actor or None,
+    )

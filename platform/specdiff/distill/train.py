@@ -1,0 +1,313 @@
+"""The Ray Train worker loop: plain PyTorch with four Ray touchpoints (prepare_model, get_dataset_shard,
+get_checkpoint, report).
+
+Every worker builds the drafter, restores the latest checkpoint if there is one, and runs DDP steps on its shard of
+the streamed teacher trajectories. Rank 0 alone evaluates on held-out prefixes (α_j, expected streak), logs to the
+tracker, writes checkpoints (trainable weights as safetensors + optimizer state + ``state.json``) and, at the last
+step, the merged drafter directory (``save_drafter``, with the verifier record) inside the final checkpoint.
+Decisions about when to report depend only on the step, so all ranks call ``ray.train.report`` together.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import signal
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from ..drafter import (
+    HFDiffusionDrafter,
+    build_small_drafter,
+    drafter_from_verifier,
+    load_drafter,
+    save_drafter,
+    window_inputs,
+    window_logits,
+)
+from ..hf import HFModel
+from ..objectives import ar_distill_loss, mask_window, masked_diffusion_loss, naive_window_loss, streak_loss
+from .config import DistillConfig
+from .evaluate import EvalResult, alpha_plot, evaluate_drafter
+from .teacher import load_verifier_model
+from .tracking import NullTracker, make_tracker
+from .windows import WindowBatch, cut_windows
+
+STATE = "state.json"
+WEIGHTS = "trainable.safetensors"
+OPTIMIZER = "optimizer.pt"
+DRAFTER_DIR = "drafter"
+
+
+def build_drafter(cfg: DistillConfig, verifier_model: torch.nn.Module | None) -> HFDiffusionDrafter:
+    d = cfg.drafter
+    if d.init == "pretrained":
+        drafter = load_drafter(d.path)
+    elif d.init == "from_verifier":
+        drafter = drafter_from_verifier(verifier_model, num_layers=d.num_layers, seed=cfg.run.seed)
+    else:
+        vocab = int(verifier_model.get_output_embeddings().weight.shape[0])
+        drafter = build_small_drafter(vocab, hidden_size=d.hidden_size, num_layers=d.num_layers,
+                                      num_heads=d.num_heads, seed=cfg.run.seed)
+    if d.max_context is not None:
+        drafter = HFDiffusionDrafter(drafter.model, replace(drafter.config, max_context=d.max_context))
+    return drafter
+
+
+def apply_lora(model: torch.nn.Module, lora) -> torch.nn.Module:
+    """Inject LoRA adapters in place (the Hugging Face model keeps its class) and return the peft wrapper."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.targets),
+                        bias="none")
+    return get_peft_model(model, config)
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
+    """Multiplier of the base learning rate at optimizer step ``step`` (0-based): linear warm-up, then decay."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1 - progress
+    return 1.0
+
+
+def window_loss(hf: HFModel, drafter: HFDiffusionDrafter, cfg: DistillConfig, batch: WindowBatch,
+                generator: torch.Generator) -> torch.Tensor:
+    """The configured objective on one batch of windows (gradients flow through ``hf``)."""
+    o, dcfg = cfg.objective, drafter.config
+    if o.kind == "mdm":
+        noisy, masked, t = mask_window(batch.labels, dcfg.mask_token_id, generator)
+        logits = window_logits(hf, window_inputs(batch.prefixes, noisy, dcfg.mask_token_id), dcfg, grad=True)
+        return masked_diffusion_loss(logits, batch.labels.to(logits.device), masked.to(logits.device), t)
+    logits = window_logits(hf, window_inputs(batch.prefixes, o.gamma, dcfg.mask_token_id), dcfg, grad=True)
+    labels = batch.labels.to(logits.device)
+    if o.kind == "streak":
+        return streak_loss(logits, labels, o.temperature)
+    if o.kind == "naive":
+        return naive_window_loss(logits, labels, o.temperature)
+    return ar_distill_loss(logits[:, 0], batch.teacher_ids.to(logits.device),
+                           batch.teacher_logprobs.to(logits.device), o.divergence, o.temperature)
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def save_checkpoint(path: Path, model, optimizer, scheduler, generator, state: dict) -> None:
+    from safetensors.torch import save_file
+
+    save_file(trainable_state(model), str(path / WEIGHTS))
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "generator": generator.get_state()}, path / OPTIMIZER)
+    (path / STATE).write_text(json.dumps(state, indent=2, sort_keys=True))
+
+
+def load_checkpoint(path: Path, model, optimizer, scheduler, generator) -> dict:
+    from safetensors.torch import load_file
+
+    missing, unexpected = model.load_state_dict(load_file(str(path / WEIGHTS)), strict=False)
+    if unexpected:
+        raise ValueError(f"checkpoint {str(path)!r} holds weights this model lacks: {unexpected[:5]}")
+    extra = torch.load(path / OPTIMIZER, weights_only=False)
+    optimizer.load_state_dict(extra["optimizer"])
+    scheduler.load_state_dict(extra["scheduler"])
+    generator.set_state(extra["generator"])
+    return json.loads((path / STATE).read_text())
+
+
+def _batches(shard, batch_size: int):
+    """Endless teacher batches (dict of python lists): epoch after epoch over this worker's shard."""
+    while True:
+        seen = 0
+        for table in shard.iter_batches(batch_size=batch_size, batch_format="pyarrow", drop_last=True):
+            seen += 1
+            yield {name: table.column(name).to_pylist() for name in table.column_names}
+        if not seen:
+            raise ValueError(f"a worker's data shard holds fewer than train.batch_size={batch_size} trajectories; "
+                             "add prompts or lower train.batch_size / train.num_workers")
+
+
+def train_loop(loop_config: dict) -> None:
+    import ray.train
+    import ray.train.torch
+
+    cfg = DistillConfig.model_validate(loop_config["config"])
+    record, heldout = loop_config["verifier_record"], loop_config["heldout_prefixes"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    t, o = cfg.train, cfg.objective
+
+    verifier_model = load_verifier_model(record["path"], cfg.verifier.dtype)
+    drafter = build_drafter(cfg, verifier_model)
+    if rank != 0:
+        verifier_model = None  # only rank 0 evaluates
+    model = apply_lora(drafter.model, t.lora) if t.lora.enabled else drafter.model
+    model.to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, t.warmup_steps, t.steps, t.schedule))
+    generator = torch.Generator().manual_seed(cfg.run.seed * 7919 + rank)
+
+    # starts: the step each attempt began at (a resumed run continues from its checkpoint, not from 0).
+    state = {"step": 0, "run_id": None, "evals": [], "starts": [], "verifier_digest": record["digest"]}
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            state = load_checkpoint(Path(d), model, optimizer, scheduler, generator)
+        if state["verifier_digest"] != record["digest"]:
+            raise ValueError(f"run {cfg.run.name!r} was trained against verifier {state['verifier_digest']}, got "
+                             f"{record['digest']}; use a new run.name to start over")
+    start = state["step"]
+    state["starts"].append(start)
+    if rank == 0:
+        _log_attempt(cfg, start)
+    if rank == 0:
+        print(f"[distill] rank 0/{world}: {'resuming at step ' + str(start) if start else 'starting'} "
+              f"({sum(p.numel() for p in params):,} trainable parameters, objective={o.kind}, gamma={o.gamma})",
+              flush=True)
+
+    prepared = ray.train.torch.prepare_model(model, move_to_device=False)  # DDP (gloo on CPU) when world > 1
+    hf = HFModel(drafter.model, runner=prepared)
+    tracker = make_tracker(cfg.tracking, cfg.run.name, state["run_id"]) if rank == 0 else NullTracker()
+    if rank == 0:
+        state["run_id"] = tracker.run_id
+        if not start:
+            tracker.log_params({**cfg.model_dump(mode="json"), "verifier_record": record})
+    eval_model = HFModel(drafter.model)
+    verifier = HFModel(verifier_model) if verifier_model is not None else None
+    use_bf16 = t.precision == "bf16" or (t.precision == "auto" and device.type == "cuda"
+                                         and torch.cuda.is_bf16_supported())
+
+    def evaluate(step: int) -> dict:
+        if rank != 0:
+            return {}
+        began = time.perf_counter()
+        result = evaluate_drafter(
+            eval_model, drafter.config, verifier, heldout, o.gamma, cfg.teacher.sampling(),
+            num_candidates=cfg.eval.num_candidates, draft_temperature=cfg.eval.draft_temperature,
+            generator=torch.Generator().manual_seed(cfg.run.seed),
+        )
+        state["evals"].append([step, result.expected_streak, result.alpha])
+        metrics = result.metrics()
+        tracker.log_metrics(metrics, step)
+        with tempfile.TemporaryDirectory() as tmp:
+            history = [(s, EvalResult(e, a, len(heldout))) for s, e, a in state["evals"]]
+            tracker.log_artifact(alpha_plot(history, os.path.join(tmp, "alpha_per_position.png")), "plots")
+        print(f"[distill] eval step {step}: expected streak {result.expected_streak:.3f} "
+              f"alpha {[round(a, 3) for a in result.alpha]} ({time.perf_counter() - began:.1f}s)", flush=True)
+        return {**metrics, "eval/initial_expected_streak": state["evals"][0][1]}
+
+    if start == 0:
+        ray.train.report({"step": 0, **evaluate(0)})
+
+    batches = _batches(ray.train.get_dataset_shard("train"), t.batch_size)
+    end = min(t.steps, t.stop_after or t.steps)
+    step_times, data_times, losses = [], [], []
+    step = start
+    while step < end:
+        began = time.perf_counter()
+        records = next(batches)
+        data_times.append(time.perf_counter() - began)
+        windows = cut_windows(records, o.gamma, o.windows_per_sample, drafter.config.max_context, generator)
+        prepared.train()
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            loss = window_loss(hf, drafter, cfg, windows, generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip) if t.grad_clip else None
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        state["step"] = step
+        step_times.append(time.perf_counter() - began)
+        losses.append(loss.item())
+
+        if cfg.fault.kill_at_step == step and cfg.fault.kill_rank == rank:
+            marker = Path(cfg.run.storage_path) / cfg.run.name / "fault_injected"
+            if not marker.exists():
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text(f"killed rank {rank} at step {step}\n")
+                print(f"[distill] fault injection: SIGKILL rank {rank} at step {step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        metrics = {"step": step}
+        if step % t.log_every == 0 or step == end:
+            train_metrics = {"train/loss": sum(losses) / len(losses), "train/lr": scheduler.get_last_lr()[0],
+                             "train/step_s": sum(step_times) / len(step_times),
+                             "train/data_wait_s": sum(data_times) / len(data_times)}
+            if grad_norm is not None:
+                train_metrics["train/grad_norm"] = float(grad_norm)
+            tracker.log_metrics(train_metrics, step)
+            if rank == 0:
+                print(f"[distill] step {step}/{t.steps} loss {train_metrics['train/loss']:.4f} "
+                      f"lr {train_metrics['train/lr']:.2e} {train_metrics['train/step_s']:.3f}s/step "
+                      f"(waiting for data {train_metrics['train/data_wait_s']:.3f}s)", flush=True)
+            metrics.update(train_metrics)
+            step_times, data_times, losses = [], [], []
+        last = step == end
+        if step % cfg.eval.every == 0 or last:
+            metrics.update(evaluate(step))
+        if step % t.checkpoint_every == 0 or last:
+            _report_with_checkpoint(metrics, rank, model, optimizer, scheduler, generator, state,
+                                    final=step == t.steps, drafter=drafter, cfg=cfg, record=record)
+        elif step % cfg.eval.every == 0:
+            ray.train.report(metrics)
+    if step == t.steps:
+        tracker.finish()
+
+
+def _log_attempt(cfg: DistillConfig, start: int) -> None:
+    """Append this attempt's first step to <storage>/<run>/attempts.jsonl (local storage only): the history of
+    starts, restarts and resumes survives even when the checkpoint written last was never registered."""
+    if "://" in cfg.run.storage_path:
+        return
+    path = Path(cfg.run.storage_path) / cfg.run.name / "attempts.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps({"start": start, "time": time.time()}) + "\n")
+
+
+def _report_with_checkpoint(metrics, rank, model, optimizer, scheduler, generator, state, *, final, drafter, cfg,
+                            record) -> None:
+    import ray.train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
+        if rank == 0:
+            path = Path(tmp)
+            save_checkpoint(path, model, optimizer, scheduler, generator, state)
+            if final:
+                _write_drafter(path / DRAFTER_DIR, model, drafter, cfg, record, state)
+            checkpoint = ray.train.Checkpoint.from_directory(tmp)
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def _write_drafter(path: Path, model, drafter: HFDiffusionDrafter, cfg: DistillConfig, record: dict, state: dict):
+    """The engine-loadable drafter: LoRA merged into a copy of the weights, plus the lineage record."""
+    merged = copy.deepcopy(model).merge_and_unload() if cfg.train.lora.enabled else model
+    evals = state["evals"]
+    save_drafter(
+        HFDiffusionDrafter(merged, drafter.config), path,
+        verifier=record,
+        training={
+            "objective": cfg.objective.model_dump(mode="json"),
+            "teacher": cfg.teacher.model_dump(mode="json", exclude={"save_to"}),
+            "steps": state["step"],
+            "lora": cfg.train.lora.model_dump(mode="json") if cfg.train.lora.enabled else None,
+            "heldout_expected_streak": {"initial": evals[0][1] if evals else None,
+                                        "final": evals[-1][1] if evals else None},
+            "heldout_alpha_final": evals[-1][2] if evals else None,
+        },
+    )

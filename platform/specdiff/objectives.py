@@ -1,0 +1,111 @@
+"""Drafter training objectives: pure torch, tensors in, a scalar loss out (no Ray, no MLflow).
+
+A training *window* is cut at offset o of a teacher completion x (sampled from the frozen verifier): the drafter
+reads ``prompt ∥ x_<o ∥ [MASK]×γ`` in one pass and its window logits [B, γ, V] are scored against the labels
+x_o..x_{o+γ-1}.
+
+- ``streak_loss`` (SpecDiff-2 Eq. 6): maximise E = Σ_m Π_{j≤m} q_j(label_j), q at the drafter's sampling
+  temperature. Because the labels are samples of the verifier p, E's expectation over teacher samples equals the
+  expected accepted streak of a draft sampled from q under greedy acceptance:
+  E_{y~p}[Σ_m Π_{j≤m} q_j(y_j)] = Σ_m Σ_{z_1..m} Π_{j≤m} q_j(z_j) p(z_j | z_<j) = E_{x~q}[Σ_m Π_{j≤m} p(x_j | x_<j)].
+  Computed in log space (a cumulative sum of log-probs and one logsumexp), so it stays finite with finite
+  gradients for windows of 64 positions and more.
+- baselines for ablations: ``ar_distill_loss`` (a divergence at the first window position only, DistillSpec),
+  ``naive_window_loss`` (uniform per-position cross-entropy over the window) and ``masked_diffusion_loss`` (random
+  mask ratio t, 1/t weighting; trains a drafter from scratch).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Divergence = Literal["fkl", "tvd"]
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 -> float32 for the softmax; float64 stays (gradient checks)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def label_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log q_j(label_j) at ``temperature``. logits: [B, γ, V]; labels: [B, γ] long -> [B, γ] float32."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for a differentiable objective, got {temperature!r}")
+    logq = (_upcast(logits) / temperature).log_softmax(-1)
+    return logq.gather(-1, labels[..., None]).squeeze(-1)
+
+
+def log_expected_streak(logp: torch.Tensor) -> torch.Tensor:
+    """log Σ_m Π_{j≤m} p_j from per-position log-probs [..., γ] -> [...]; exact and finite for any γ."""
+    return torch.logsumexp(logp.cumsum(-1), dim=-1)
+
+
+def expected_streak_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
+    """Σ_m Π_{j≤m} p_j from log-probs [..., γ] -> [...] (``selection.expected_streak`` in log space)."""
+    return log_expected_streak(logp).exp()
+
+
+def streak_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """−mean over windows of E = Σ_m Π_{j≤m} q_j(label_j). logits: [B, γ, V]; labels: [B, γ]."""
+    return -expected_streak_from_logprobs(label_logprobs(logits, labels, temperature)).mean()
+
+
+def naive_window_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Uniform cross-entropy over every window position: −mean_{b,j} log q_j(label_j)."""
+    return -label_logprobs(logits, labels, temperature).mean()
+
+
+def ar_distill_loss(
+    first_logits: torch.Tensor,
+    teacher_ids: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    divergence: Divergence = "fkl",
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """DistillSpec-style divergence between the teacher and the drafter at the first window position only.
+
+    first_logits: [B, V] drafter logits at window position 1. teacher_ids / teacher_logprobs: [B, k], the
+    verifier's top-k tokens and log-probs there (-inf allowed for tokens its sampling filter removed). The teacher
+    is renormalised over its top-k (mass outside it is taken as 0).
+      - ``"fkl"``: KL(p ‖ q) = Σ_k p_k (log p_k − log q_k);
+      - ``"tvd"``: ½ Σ_v |p_v − q_v| = ½ (Σ_k |p_k − q_k| + 1 − Σ_k q_k).
+    """
+    logq_all = (_upcast(first_logits) / temperature).log_softmax(-1)  # [B, V]
+    logq = logq_all.gather(-1, teacher_ids)  # [B, k]
+    logp = _upcast(teacher_logprobs).log_softmax(-1)  # renormalised over the top-k
+    p = logp.exp()
+    if divergence == "fkl":
+        terms = torch.where(p > 0, p * (logp - logq), torch.zeros_like(p))
+        return terms.sum(-1).mean()
+    if divergence == "tvd":
+        q = logq.exp()
+        return (0.5 * ((p - q).abs().sum(-1) + 1 - q.sum(-1))).mean()
+    raise ValueError(f"divergence must be 'fkl' or 'tvd', got {divergence!r}")
+
+
+def mask_window(
+    labels: torch.Tensor, mask_token_id: int, generator: torch.Generator | None, eps: float = 1e-3
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Masked-diffusion forward process on windows: per row a ratio t ~ U(eps, 1), each token masked with
+    probability t (independently, so the 1/t-weighted loss is an unbiased estimate of the mean cross-entropy).
+
+    labels: [B, γ]. Returns (noisy window ids [B, γ], masked [B, γ] bool, t [B]).
+    """
+    b, gamma = labels.shape
+    t = eps + (1 - eps) * torch.rand(b, generator=generator)
+    masked = torch.rand(b, gamma, generator=generator) < t[:, None]  # [B, γ]
+    noisy = labels.masked_fill(masked, mask_token_id)
+    return noisy, masked, t
+
+
+def masked_diffusion_loss(
+    logits: torch.Tensor, labels: torch.Tensor, masked: torch.Tensor, t: torch.Tensor
+) -> torch.Tensor:
+    """LLaDA-style masked-diffusion loss: mean_b 1/(t_b γ) Σ_{j masked} −log q_j(label_j) (an ELBO bound).
+
+    logits: [B, γ, V] at the noisy window; labels, masked: [B, γ]; t: [B] mask ratios.
+    """
+    nll = torch.where(masked, -label_logprobs(logits, labels), 0.0)  # [B, γ]
+    return (nll.sum(-1) / (t.to(nll) * labels.shape[1])).mean()

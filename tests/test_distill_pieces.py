@@ -1,0 +1,171 @@
+"""Distillation pieces without Ray: teacher sampling (batched, KV cache), windows, held-out evaluation, LoRA
+checkpoints and the exported drafter."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers import full_logprobs, tiny_llama
+from specdiff import SamplingParams, build_small_drafter, drafter_from_verifier, load_drafter, target_probs
+from specdiff.distill.config import parse_config
+from specdiff.distill.evaluate import evaluate_drafter
+from specdiff.distill.teacher import sample_completions, verifier_record
+from specdiff.distill.train import (
+    _write_drafter,
+    apply_lora,
+    load_checkpoint,
+    lr_factor,
+    save_checkpoint,
+    window_loss,
+)
+from specdiff.distill.windows import cut_windows, heldout_prefixes
+from specdiff.hf import HFModel
+
+V = 64
+PROMPTS = [[1, 2, 3], [7], list(range(10, 22))]
+
+
+def base_config(**sections) -> dict:
+    tree = {"verifier": {"path": "v"}, "data": {"prompts": "p", "heldout": "h"}, "eval": {"offsets": [0]}}
+    tree.update(sections)
+    return tree
+
+
+def test_greedy_teacher_matches_per_prompt_full_forward(verifier_model):
+    hf = HFModel(verifier_model)
+    completions, top_ids, top_lp = sample_completions(hf, PROMPTS, 6, SamplingParams(temperature=0), 4, None)
+    assert completions.shape == (3, 6) and top_ids.shape == (3, 6, 4)
+    for prompt, completion in zip(PROMPTS, completions.tolist()):
+        tokens = list(prompt)
+        for _ in range(6):
+            tokens.append(int(full_logprobs(verifier_model, tokens)[-1].argmax()))
+        assert completion == tokens[len(prompt) :]
+
+
+def test_sampled_teacher_logprobs_are_the_target_distribution(verifier_model):
+    hf = HFModel(verifier_model)
+    sampling = SamplingParams(temperature=0.5, top_p=0.95)
+    gen = torch.Generator().manual_seed(0)
+    completions, top_ids, top_lp = sample_completions(hf, PROMPTS, 5, sampling, 3, gen)
+    for b, prompt in enumerate(PROMPTS):
+        seq = prompt + completions[b].tolist()
+        p = target_probs(full_logprobs(verifier_model, seq)[len(prompt) - 1 : -1], sampling)  # [5, V]
+        ref = p.log().topk(3, dim=-1)
+        torch.testing.assert_close(top_lp[b], ref.values, atol=1e-4, rtol=1e-4)
+        assert (p[torch.arange(5), completions[b]] > 0).all()  # every sampled token is allowed by top-p
+
+
+def test_cut_windows_and_heldout_prefixes():
+    records = {"prompt_ids": [[1, 2]], "completion_ids": [list(range(10, 20))],
+               "topk_ids": [[[t, 0] for t in range(10, 20)]], "topk_logprobs": [[[-0.1, -3.0]] * 10]}
+    batch = cut_windows(records, 4, 5, None, torch.Generator().manual_seed(0))
+    assert batch.labels.shape == (5, 4) and batch.teacher_ids.shape == (5, 2)
+    for prefix, labels, top in zip(batch.prefixes, batch.labels.tolist(), batch.teacher_ids.tolist()):
+        o = len(prefix) - 2
+        assert prefix == [1, 2] + list(range(10, 10 + o)) and labels == list(range(10 + o, 14 + o))
+        assert top[0] == labels[0]  # the teacher's top-k row at the window's first position
+    bounded = cut_windows(records, 4, 3, 6, torch.Generator().manual_seed(0))
+    assert all(len(p) <= 2 for p in bounded.prefixes)  # max_context 6 leaves room for the 4-token window
+    assert heldout_prefixes([{"prompt_ids": [1], "completion_ids": [5, 6, 7]}], [0, 2]) == [[1], [1, 5, 6]]
+    with pytest.raises(ValueError, match="fewer than gamma"):
+        cut_windows(records, 11, 1, None, None)
+
+
+def test_heldout_eval_matches_a_direct_computation(verifier_model):
+    drafter = build_small_drafter(V, hidden_size=32, num_layers=1, num_heads=2, seed=3)
+    sampling = SamplingParams(temperature=1.0)
+    gamma = 4
+    result = evaluate_drafter(HFModel(drafter.model), drafter.config, HFModel(verifier_model), PROMPTS, gamma,
+                              sampling, batch_size=2)
+    streaks, survive_all = [], []
+    for prefix in PROMPTS:
+        draft = drafter.propose(prefix, gamma).argmax(-1).tolist()
+        logp = full_logprobs(verifier_model, prefix + draft)[len(prefix) - 1 : -1]
+        p = target_probs(logp, sampling)[torch.arange(gamma), torch.tensor(draft)].double()
+        survive = p.cumprod(0)
+        streaks.append(float(survive.sum()))
+        survive_all.append(survive)
+    s = torch.stack(survive_all)
+    reached = torch.cat([torch.ones(len(PROMPTS), 1, dtype=torch.float64), s[:, :-1]], 1)
+    assert result.expected_streak == pytest.approx(sum(streaks) / len(streaks), rel=1e-5)
+    assert result.alpha == pytest.approx((s.sum(0) / reached.sum(0)).tolist(), rel=1e-5)
+    assert result.metrics()["eval/alpha_1"] == result.alpha[0]
+
+
+def test_lr_schedule():
+    assert lr_factor(0, 4, 20, "cosine") == pytest.approx(0.25)
+    assert lr_factor(4, 4, 20, "cosine") == pytest.approx(1.0)
+    assert lr_factor(20, 4, 20, "cosine") == pytest.approx(0.0)
+    assert lr_factor(12, 4, 20, "linear") == pytest.approx(0.5)
+    assert lr_factor(19, 0, 20, "constant") == 1.0
+
+
+@pytest.mark.parametrize("kind", ["streak", "ar_distill", "naive", "mdm"])
+def test_every_objective_trains_the_drafter(verifier_model, kind):
+    cfg = parse_config(base_config(objective={"kind": kind, "gamma": 4}, teacher={"max_new_tokens": 8}))
+    drafter = drafter_from_verifier(verifier_model, num_layers=1)
+    records = {"prompt_ids": PROMPTS, "completion_ids": [list(range(20, 28))] * 3,
+               "topk_ids": [[[t, 1, 2] for t in range(20, 28)]] * 3, "topk_logprobs": [[[-0.2, -2.0, -3.0]] * 8] * 3}
+    gen = torch.Generator().manual_seed(0)
+    batch = cut_windows(records, 4, 2, None, gen)
+    hf = HFModel(drafter.model)
+    loss = window_loss(hf, drafter, cfg, batch, gen)
+    loss.backward()
+    grads = [p.grad for p in drafter.model.parameters() if p.grad is not None]
+    assert torch.isfinite(loss) and grads and all(torch.isfinite(g).all() for g in grads)
+
+
+def test_lora_checkpoint_roundtrip_and_merged_drafter(tmp_path, verifier_model):
+    cfg = parse_config(base_config(train={"lora": {"enabled": True, "r": 4, "alpha": 8}},
+                                   objective={"gamma": 4}, teacher={"max_new_tokens": 8}))
+    drafter = drafter_from_verifier(verifier_model, num_layers=1)
+    model = apply_lora(drafter.model, cfg.train.lora)
+    untrained = drafter.propose([1, 2, 3], 4)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert 0 < sum(p.numel() for p in trainable) < sum(p.numel() for p in model.parameters()) // 4
+    opt = torch.optim.AdamW(trainable, lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    gen = torch.Generator().manual_seed(0)
+    records = {"prompt_ids": PROMPTS, "completion_ids": [list(range(30, 38))] * 3,
+               "topk_ids": [[]] * 3, "topk_logprobs": [[]] * 3}
+    for _ in range(3):
+        loss = window_loss(HFModel(drafter.model), drafter, cfg, cut_windows(records, 4, 2, None, gen), gen)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    trained = drafter.propose([1, 2, 3], 4)
+    assert not torch.allclose(trained, untrained, atol=1e-4)
+    state = {"step": 3, "evals": [[0, 0.1, [0.1] * 4], [3, 0.2, [0.2] * 4]], "run_id": None}
+    save_checkpoint(tmp_path, model, opt, sched, gen, state)
+
+    fresh = drafter_from_verifier(verifier_model, num_layers=1)
+    fresh_model = apply_lora(fresh.model, cfg.train.lora)
+    opt2 = torch.optim.AdamW([p for p in fresh_model.parameters() if p.requires_grad], lr=1e-2)
+    sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0)
+    assert load_checkpoint(tmp_path, fresh_model, opt2, sched2, torch.Generator())["step"] == 3
+    torch.testing.assert_close(fresh.propose([1, 2, 3], 4), trained)
+    assert sched2.last_epoch == 3 and len(opt2.state) == len(opt.state)
+
+    record = {"name": "tiny", "version": "1", "digest": "sha256:x", "path": "v"}
+    _write_drafter(tmp_path / "drafter", model, drafter, cfg, record, state)
+    loaded = load_drafter(tmp_path / "drafter")
+    torch.testing.assert_close(loaded.propose([1, 2, 3], 4), trained, atol=1e-5, rtol=1e-4)
+    meta = json.loads((tmp_path / "drafter" / "specdiff_drafter.json").read_text())
+    assert meta["verifier"] == record and meta["training"]["heldout_expected_streak"] == {"initial": 0.1,
+                                                                                        "final": 0.2}
+    assert not any("lora" in k for k in loaded.model.state_dict())  # merged, plain Llama weights
+
+
+def test_verifier_record_digest_changes_with_weights(tmp_path):
+    tiny_llama(V, seed=0).save_pretrained(tmp_path / "a")
+    tiny_llama(V, seed=1).save_pretrained(tmp_path / "b")
+    a, b = verifier_record(tmp_path / "a", version="2"), verifier_record(tmp_path / "b")
+    assert a.name == "a" and a.version == "2" and a.digest.startswith("sha256:") and a.digest != b.digest
+    assert verifier_record(tmp_path / "a", version="2") == a
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="verifier.path must hold model weights"):
+        verifier_record(tmp_path / "empty")
