@@ -4,6 +4,7 @@ from .acceptance import Verdict, greedy_accept, speculative_accept
 from .config import DrafterConfig, SamplingParams, SpecConfig
 from .drafter import (
     Drafter,
+    DrafterUnavailable,
     HFDiffusionDrafter,
     build_small_drafter,
     drafter_from_verifier,
@@ -11,7 +12,7 @@ from .drafter import (
     load_drafter,
     save_drafter,
 )
-from .engine import GenerationResult, SpeculativeDecoder, generate_plain, make_generator
+from .engine import DecodeStream, GenerationResult, SpeculativeDecoder, generate_plain, make_generator, stream_plain
 from .sampling import target_probs
 from .selection import expected_streak, sample_candidates, select
 from .stats import DecodeStats
@@ -20,7 +21,9 @@ from .verifier import HFVerifier, Verifier, VerifierSession
 
 __all__ = [
     "DecodeStats",
+    "DecodeStream",
     "Drafter",
+    "DrafterUnavailable",
     "DrafterConfig",
     "GenerationResult",
     "HFDiffusionDrafter",
@@ -45,6 +48,7 @@ __all__ = [
     "save_drafter",
     "select",
     "speculative_accept",
+    "stream_plain",
     "target_probs",
 ]
 __version__ = "0.1.0"
