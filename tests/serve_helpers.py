@@ -14,6 +14,7 @@ from specdiff.serving.config import ModelSource
 from specdiff.serving.models import byte_tokenizer, load_drafter, load_verifier
 
 HTTP_PORT = 8011
+METRICS_PORT = 8276  # Prometheus endpoint of the test cluster's node
 BASE = f"http://127.0.0.1:{HTTP_PORT}"
 MODEL = "specdiff-demo"
 
@@ -130,7 +131,13 @@ def start_ray(num_cpus: int = 8):
     import ray
     from ray import serve
 
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        _metrics_export_port=METRICS_PORT,
+        _system_config={"metrics_report_interval_ms": 1000},
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": HTTP_PORT})
     return ray, serve
 
