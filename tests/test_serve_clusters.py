@@ -90,8 +90,8 @@ def test_serve_config_is_valid(name):
 
 def test_bad_serve_config_is_rejected():
     config = load("serve-paper.yaml")
-    config["applications"][0]["route_prefix"] = "no-leading-slash"
-    with pytest.raises(Exception, match="route_prefix"):
+    config["applications"][0]["import_path"] = "no_attribute_given"
+    with pytest.raises(Exception, match="import_path"):
         serve_schema(config)
     config = load("serve-paper.yaml")
     config["applications"][0]["args"]["drafter"]["max_replicas"] = 0
