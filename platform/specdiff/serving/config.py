@@ -78,7 +78,7 @@ class PoolOptions(_Strict):
     initial_replicas: int | None = Field(None, ge=0, description="Replicas at start; default min_replicas.")
     target_ongoing_requests: float = Field(8, gt=0, description="Per-replica load the autoscaler aims for.")
     max_ongoing_requests: int = Field(64, ge=1, description="Per-replica concurrency cap (back-pressure above).")
-    num_cpus: float = Field(1, ge=0, description="CPUs per replica.")
+    num_cpus: float = Field(0.5, ge=0, description="CPUs per replica (small default: the demo fits a 2-core laptop).")
     num_gpus: float = Field(0, ge=0, description="GPUs per replica (2 for a 72B verifier in bfloat16 on A100-80GB).")
     accelerator_type: str | None = Field(None, description="Ray accelerator type, e.g. 'A100' or 'A100-80G'.")
     resources: dict[str, float] = Field(
@@ -157,7 +157,7 @@ class AppConfig(_Strict):
     models: ModelSource = Field(default_factory=ModelSource)
     drafter: DrafterOptions = Field(default_factory=DrafterOptions)
     verifier: VerifierOptions = Field(default_factory=VerifierOptions)
-    router: RouterOptions = Field(default_factory=lambda: RouterOptions(num_cpus=0.5))
+    router: RouterOptions = Field(default_factory=lambda: RouterOptions(num_cpus=0.25))
     pools: bool = Field(
         False,
         description="Ask for one unit of 'drafter_pool' / 'verifier_pool' per replica (declare them on the cluster "
