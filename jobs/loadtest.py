@@ -81,7 +81,12 @@ def start_local(port: int, args):
     small = {"num_cpus": 0.5}
     app = build_app({"drafter": small, "verifier": small, "router": small})
     done = threading.Event()
-    threading.Thread(target=lambda: (serve.run(app, name="loadtest", route_prefix="/", blocking=False), done.set()), daemon=True).start()
+
+    def deploy():  # serve.run blocks forever if a deployment cannot be placed: wait with a deadline
+        serve.run(app, name="loadtest", route_prefix="/", blocking=False)
+        done.set()
+
+    threading.Thread(target=deploy, daemon=True).start()
     if not done.wait(args.startup_timeout):
         raise TimeoutError(f"app not RUNNING after {args.startup_timeout}s")
 
@@ -113,7 +118,12 @@ def main(argv=None):
         url = "http://127.0.0.1:8011"
     try:
         run_cell(url, args.model, 1, True, argparse.Namespace(**{**vars(args), "requests": 2}))  # warm-up
-        rows = [run_cell(url, args.model, c, spec, args) for c in args.concurrency for spec in (False, True)]
+        rows = []
+        for c in args.concurrency:
+            for spec in (False, True):
+                rows.append(run_cell(url, args.model, c, spec, args))
+                row = rows[-1]
+                print(f"done: concurrency {c}, {row['mode']}: {row['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
     finally:
         if stop is not None:
             stop()

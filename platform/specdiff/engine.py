@@ -273,7 +273,8 @@ def stream_plain(
     fallback."""
     stopper = _Stopper(max_new_tokens, stop_token_ids, stop_strings, decode)
     stats = stats if stats is not None else DecodeStats()
-    return DecodeStream(_plain_steps(verifier, prompt, stopper, sampling, make_generator(seed, generator), stats), stopper, stats)
+    steps = _plain_steps(verifier, prompt, stopper, sampling, make_generator(seed, generator), stats)
+    return DecodeStream(steps, stopper, stats)
 
 
 def _plain_steps(verifier: Verifier, prompt, stopper: _Stopper, sampling, gen, stats: DecodeStats):
