@@ -76,7 +76,7 @@ def start_local(port: int, args):
 
     from specdiff.serving.app import build_app
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # private instance
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"num_cpus": 0.5}
     app = build_app({"drafter": small, "verifier": small, "router": small})

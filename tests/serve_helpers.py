@@ -132,6 +132,7 @@ def start_ray(num_cpus: int = 8):
     from ray import serve
 
     ray.init(
+        address="local",  # a new private instance, never another engineer's running cluster
         num_cpus=num_cpus,
         include_dashboard=False,
         log_to_driver=False,
