@@ -13,6 +13,9 @@ from specdiff import SamplingParams, SpecConfig, SpeculativeDecoder, generate_pl
 from specdiff.serving.config import ModelSource
 from specdiff.serving.models import byte_tokenizer, load_drafter, load_verifier
 
+# Tiny models: one intra-op thread is faster and robust on a loaded machine (as tests/conftest.py does on main).
+torch.set_num_threads(1)
+
 HTTP_PORT = 8011
 METRICS_PORT = 8276  # Prometheus endpoint of the test cluster's node
 BASE = f"http://127.0.0.1:{HTTP_PORT}"
