@@ -4,6 +4,7 @@ OpenAI client, bad input, client disconnects, metrics."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -176,20 +177,49 @@ def test_server_keeps_serving_after_bad_input(app):
     assert post("/v1/completions", completion("still alive", max_tokens=5)).status_code == 200
 
 
-def test_client_disconnect_frees_session(app, serve_cluster):
-    verifier = serve_cluster.get_deployment_handle("Verifier", app_name="specdiff")
-    assert verifier.sessions.remote().result(timeout_s=30) == {}
-    body = completion("x" * 10, max_tokens=1000, stream=True, temperature=1.0)
-    response = requests.post(BASE + "/v1/completions", json=body, stream=True, timeout=60)
-    lines = response.iter_lines()
-    assert next(line for line in lines if line.startswith(b"data: "))
-    assert len(verifier.sessions.remote().result(timeout_s=30)) == 1  # the decode is running
-    response.close()  # the client goes away mid-stream
-    deadline = time.monotonic() + 30
+def _wait_no_sessions(verifier, seconds):
+    deadline = time.monotonic() + seconds
     while verifier.sessions.remote().result(timeout_s=30) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert verifier.sessions.remote().result(timeout_s=30) == {}
-    assert time.monotonic() < deadline
+    return verifier.sessions.remote().result(timeout_s=30) == {}
+
+
+LONG = "x" * 10  # greedy continuation of this prompt runs past 300 tokens (checked below): the decode outlives the client
+
+
+def test_long_prompt_really_runs_long(ref):
+    _, result = ref.complete(LONG, max_tokens=300, temperature=0.0, seed=0, speculative=False)
+    assert result.finish_reason == "length"
+
+
+def test_client_disconnect_frees_session_streaming(app, serve_cluster):
+    verifier = serve_cluster.get_deployment_handle("Verifier", app_name="specdiff")
+    assert _wait_no_sessions(verifier, 30)
+    body = completion(LONG, max_tokens=1000, stream=True, temperature=0.0)
+    response = requests.post(BASE + "/v1/completions", json=body, stream=True, timeout=60)
+    assert next(line for line in response.iter_lines() if line.startswith(b"data: "))
+    assert len(verifier.sessions.remote().result(timeout_s=30)) == 1  # the decode is running
+    response.close()  # the client goes away mid-stream
+    assert _wait_no_sessions(verifier, 15)
+
+
+def test_client_disconnect_frees_session_non_streaming(app, serve_cluster):
+    verifier = serve_cluster.get_deployment_handle("Verifier", app_name="specdiff")
+    assert _wait_no_sessions(verifier, 30)
+    body = completion(LONG, max_tokens=1000, temperature=0.0)
+    seen: list[int] = []
+
+    def watch():
+        time.sleep(1.5)
+        seen.append(len(verifier.sessions.remote().result(timeout_s=30)))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with pytest.raises(requests.exceptions.ReadTimeout):  # the client gives up after 3 s and closes the socket
+        requests.post(BASE + "/v1/completions", json=body, timeout=(10, 3.0))
+    watcher.join(30)
+    assert seen == [1]  # the decode was running when the client left
+    assert _wait_no_sessions(verifier, 15)
 
 
 def test_prometheus_metrics(app):
