@@ -31,3 +31,14 @@ def specdiff_home(tmp_path_factory):
         os.environ.pop("SPECDIFF_HOME", None)
     else:
         os.environ["SPECDIFF_HOME"] = previous
+
+
+@pytest.fixture(scope="session")
+def serve_cluster():
+    """One private in-process Ray + Serve (HTTP on 127.0.0.1:8011) for every Serve test; shut down at the end."""
+    from serve_helpers import start_ray
+
+    ray, serve = start_ray()
+    yield serve
+    serve.shutdown()
+    ray.shutdown()

@@ -4,6 +4,7 @@ from .acceptance import Verdict, greedy_accept, speculative_accept
 from .config import DrafterConfig, SamplingParams, SpecConfig
 from .drafter import (
     Drafter,
+    DrafterUnavailable,
     HFDiffusionDrafter,
     build_small_drafter,
     drafter_from_verifier,
@@ -13,7 +14,7 @@ from .drafter import (
     window_inputs,
     window_logits,
 )
-from .engine import GenerationResult, SpeculativeDecoder, generate_plain, make_generator
+from .engine import DecodeStream, GenerationResult, SpeculativeDecoder, generate_plain, make_generator, stream_plain
 from .sampling import target_probs
 from .selection import expected_streak, sample_candidates, select
 from .stats import DecodeStats
@@ -22,7 +23,9 @@ from .verifier import HFVerifier, Verifier, VerifierSession
 
 __all__ = [
     "DecodeStats",
+    "DecodeStream",
     "Drafter",
+    "DrafterUnavailable",
     "DrafterConfig",
     "GenerationResult",
     "HFDiffusionDrafter",
@@ -47,6 +50,7 @@ __all__ = [
     "save_drafter",
     "select",
     "speculative_accept",
+    "stream_plain",
     "target_probs",
     "window_inputs",
     "window_logits",

@@ -25,6 +25,11 @@ from .hf import HFModel
 DRAFTER_META = "specdiff_drafter.json"
 
 
+class DrafterUnavailable(RuntimeError):
+    """Raised by a drafter that cannot answer (remote replica gone, timed out): the decoder then takes a
+    verifier-only step for that round and counts it in ``DecodeStats.fallbacks``."""
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """Role interface: stateless prefix -> marginals."""

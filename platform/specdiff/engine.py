@@ -18,7 +18,7 @@ import torch
 
 from .acceptance import greedy_accept, speculative_accept
 from .config import SamplingParams, SpecConfig
-from .drafter import Drafter
+from .drafter import Drafter, DrafterUnavailable
 from .sampling import sample, target_probs
 from .selection import sample_candidates, select
 from .stats import DecodeStats
@@ -91,6 +91,44 @@ class _Stopper:
                 return
 
 
+class DecodeStream:
+    """Iterator over the tokens each round emits (one list per round). While and after iterating, ``tokens``,
+    ``finish_reason`` (None until done) and ``stats`` describe the decode; ``result()`` packs them.
+
+    ``close()`` stops the decode between rounds (a client that went away)."""
+
+    def __init__(self, rounds: Iterator[list[int]], stopper: _Stopper, stats: DecodeStats):
+        self._rounds = rounds
+        self._stopper = stopper
+        self._done = False
+        self.stats = stats
+
+    def __iter__(self) -> DecodeStream:
+        return self
+
+    def __next__(self) -> list[int]:
+        try:
+            return next(self._rounds)
+        except StopIteration:
+            self._done = True
+            raise
+
+    def close(self) -> None:
+        self._rounds.close()
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._stopper.out
+
+    @property
+    def finish_reason(self) -> str | None:
+        # Rounds that end without a stop token/string or max_new_tokens ended because the verifier's context is full.
+        return self._stopper.finish_reason or ("context" if self._done else None)
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(self.tokens, self.finish_reason or "context", self.stats)
+
+
 def _plain_step(session: VerifierSession, sampling: SamplingParams, gen, stats: DecodeStats) -> list[int]:
     t0 = time.perf_counter()
     logp = session.score(chain(session.tokens[-1], []))
@@ -136,11 +174,19 @@ class SpeculativeDecoder:
         seed: int | None = None,
         generator: torch.Generator | None = None,
     ) -> GenerationResult:
-        stats = DecodeStats()
-        stopper = _Stopper(max_new_tokens, stop_token_ids, stop_strings, self.decode)
-        for _ in self._rounds(prompt, stopper, sampling, spec, make_generator(seed, generator), stats):
+        stream = self.stream(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            spec=spec,
+            stop_token_ids=stop_token_ids,
+            stop_strings=stop_strings,
+            seed=seed,
+            generator=generator,
+        )
+        for _ in stream:
             pass
-        return GenerationResult(stopper.out, stopper.finish_reason or "context", stats)
+        return stream.result()
 
     def stream(
         self,
@@ -154,12 +200,12 @@ class SpeculativeDecoder:
         seed: int | None = None,
         generator: torch.Generator | None = None,
         stats: DecodeStats | None = None,
-    ) -> Iterator[list[int]]:
-        """Yield the tokens emitted by each round; ``stats`` (if given) is updated as rounds complete."""
+    ) -> DecodeStream:
+        """Iterate the tokens emitted by each round; ``stats`` (if given) is updated as rounds complete."""
         stopper = _Stopper(max_new_tokens, stop_token_ids, stop_strings, self.decode)
-        yield from self._rounds(
-            prompt, stopper, sampling, spec, make_generator(seed, generator), stats if stats is not None else DecodeStats()
-        )
+        stats = stats if stats is not None else DecodeStats()
+        rounds = self._rounds(prompt, stopper, sampling, spec, make_generator(seed, generator), stats)
+        return DecodeStream(rounds, stopper, stats)
 
     def _rounds(self, prompt, stopper: _Stopper, sampling, spec: SpecConfig, gen, stats: DecodeStats):
         t0 = time.perf_counter()
@@ -181,7 +227,13 @@ class SpeculativeDecoder:
 
     def _round(self, session: VerifierSession, gamma: int, sampling, spec: SpecConfig, gen, stats) -> list[int]:
         t0 = time.perf_counter()
-        marginals = self.drafter.propose(session.tokens, gamma)  # [gamma, V]
+        try:
+            marginals = self.drafter.propose(session.tokens, gamma)  # [gamma, V]
+        except DrafterUnavailable:
+            # A verifier-only step samples from p itself, so the output stays exact; nothing was drawn from gen yet.
+            stats.drafter_s += time.perf_counter() - t0
+            stats.fallbacks += 1
+            return _plain_step(session, sampling, gen, stats)
         t1 = time.perf_counter()
         candidates, draft_probs = sample_candidates(
             marginals, spec.num_candidates, spec.draft_temperature, gen, spec.draft_top_k
@@ -204,6 +256,37 @@ class SpeculativeDecoder:
         return verdict.emitted(draft.tolist())
 
 
+def stream_plain(
+    verifier: Verifier,
+    prompt: Sequence[int],
+    *,
+    max_new_tokens: int = 128,
+    sampling: SamplingParams = SamplingParams(),
+    stop_token_ids: Sequence[int] = (),
+    stop_strings: Sequence[str] = (),
+    decode: Callable[[list[int]], str] | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    stats: DecodeStats | None = None,
+) -> DecodeStream:
+    """Verifier-only decoding with the same KV cache and sampling, one token per step: the reference and the
+    fallback."""
+    stopper = _Stopper(max_new_tokens, stop_token_ids, stop_strings, decode)
+    stats = stats if stats is not None else DecodeStats()
+    steps = _plain_steps(verifier, prompt, stopper, sampling, make_generator(seed, generator), stats)
+    return DecodeStream(steps, stopper, stats)
+
+
+def _plain_steps(verifier: Verifier, prompt, stopper: _Stopper, sampling, gen, stats: DecodeStats):
+    t0 = time.perf_counter()
+    session = verifier.start(prompt)
+    stats.prefill_s += time.perf_counter() - t0
+    while stopper.finish_reason is None and _room(session, verifier.max_context) > 0:
+        out = stopper.push(_plain_step(session, sampling, gen, stats))
+        if out:
+            yield out
+
+
 def generate_plain(
     verifier: Verifier,
     prompt: Sequence[int],
@@ -216,13 +299,18 @@ def generate_plain(
     seed: int | None = None,
     generator: torch.Generator | None = None,
 ) -> GenerationResult:
-    """Verifier-only decoding with the same KV cache and sampling: the reference and the fallback."""
-    stats = DecodeStats()
-    stopper = _Stopper(max_new_tokens, stop_token_ids, stop_strings, decode)
-    gen = make_generator(seed, generator)
-    t0 = time.perf_counter()
-    session = verifier.start(prompt)
-    stats.prefill_s += time.perf_counter() - t0
-    while stopper.finish_reason is None and _room(session, verifier.max_context) > 0:
-        stopper.push(_plain_step(session, sampling, gen, stats))
-    return GenerationResult(stopper.out, stopper.finish_reason or "context", stats)
+    """Verifier-only decoding to completion (see ``stream_plain``)."""
+    stream = stream_plain(
+        verifier,
+        prompt,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        stop_token_ids=stop_token_ids,
+        stop_strings=stop_strings,
+        decode=decode,
+        seed=seed,
+        generator=generator,
+    )
+    for _ in stream:
+        pass
+    return stream.result()

@@ -16,6 +16,7 @@ class DecodeStats:
     tree_nodes: int = 0  # trie nodes scored, root excluded
     accepted_per_position: list[int] = field(default_factory=list)  # [gamma]: rounds where position j was accepted
     reached_per_position: list[int] = field(default_factory=list)  # [gamma]: rounds where position j was verified
+    fallbacks: int = 0  # rounds decoded verifier-only because the drafter was unavailable or too slow
     drafter_s: float = 0.0
     verifier_s: float = 0.0
     prefill_s: float = 0.0

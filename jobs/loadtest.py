@@ -1,0 +1,141 @@
+"""Loopback load test of the Serve app: throughput and p50/p99 latency at several concurrencies, with and without
+speculation, printed as a Markdown table.
+
+    python jobs/loadtest.py                       # starts a private Ray + Serve (demo models) on 127.0.0.1:8011
+    python jobs/loadtest.py --url http://127.0.0.1:8000 --model my-model   # an app already running
+
+Bounded: ``--requests`` per cell, ``--max-tokens`` per request, a timeout on every request, loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", "1, 2, 3, 4,", "import numpy as np"]
+
+
+def percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def run_cell(url, model, concurrency, speculative, args):
+    def one(i):
+        body = {
+            "model": model,
+            "prompt": PROMPTS[i % len(PROMPTS)],
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "seed": i,
+            "speculative": speculative,
+            "gamma": args.gamma,
+            "num_candidates": args.k,
+        }
+        t0 = time.perf_counter()
+        r = requests.post(url + "/v1/completions", json=body, timeout=args.timeout)
+        r.raise_for_status()
+        usage = r.json()["usage"]
+        return time.perf_counter() - t0, usage["completion_tokens"], usage["speculative"]["tau"]
+
+    n = max(args.requests, concurrency)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(one, range(n)))
+    wall = time.perf_counter() - t0
+    latencies = [r[0] for r in results]
+    tokens = sum(r[1] for r in results)
+    return {
+        "concurrency": concurrency,
+        "mode": "speculative" if speculative else "verifier-only",
+        "requests": n,
+        "tok_s": tokens / wall,
+        "req_s": n / wall,
+        "p50_s": statistics.median(latencies),
+        "p99_s": percentile(latencies, 99),
+        "tau": statistics.mean(r[2] for r in results),
+    }
+
+
+def start_local(port: int, args):
+    """A private Ray instance + the demo app; returns a stop() callable."""
+    os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S="60")
+    sys.path[:0] = [str(ROOT / "platform"), str(ROOT)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "platform"), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    import ray
+    from ray import serve
+
+    from specdiff.serving.app import build_app
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # private instance
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    small = {"num_cpus": 0.5}
+    app = build_app({"drafter": small, "verifier": small, "router": small})
+    done = threading.Event()
+
+    def deploy():  # serve.run blocks forever if a deployment cannot be placed: wait with a deadline
+        serve.run(app, name="loadtest", route_prefix="/", blocking=False)
+        done.set()
+
+    threading.Thread(target=deploy, daemon=True).start()
+    if not done.wait(args.startup_timeout):
+        raise TimeoutError(f"app not RUNNING after {args.startup_timeout}s")
+
+    def stop():
+        serve.shutdown()
+        ray.shutdown()
+
+    return stop
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", help="an already running app (default: start one on 127.0.0.1:8011)")
+    p.add_argument("--model", default="specdiff-demo")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--requests", type=int, default=16, help="requests per cell (at least the concurrency)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--gamma", type=int, default=8)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--timeout", type=float, default=300, help="per request, seconds")
+    p.add_argument("--startup-timeout", type=float, default=300)
+    args = p.parse_args(argv)
+
+    stop = None
+    url = args.url
+    if url is None:
+        stop = start_local(8011, args)
+        url = "http://127.0.0.1:8011"
+    try:
+        run_cell(url, args.model, 1, True, argparse.Namespace(**{**vars(args), "requests": 2}))  # warm-up
+        rows = []
+        for c in args.concurrency:
+            for spec in (False, True):
+                rows.append(run_cell(url, args.model, c, spec, args))
+                row = rows[-1]
+                print(f"done: concurrency {c}, {row['mode']}: {row['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
+    finally:
+        if stop is not None:
+            stop()
+    print(f"\nmax_tokens={args.max_tokens} temperature={args.temperature} gamma={args.gamma} K={args.k}\n")
+    print("| concurrency | mode | requests | tokens/s | requests/s | p50 latency (s) | p99 latency (s) | τ |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['concurrency']} | {r['mode']} | {r['requests']} | {r['tok_s']:.1f} | {r['req_s']:.2f} | "
+            f"{r['p50_s']:.2f} | {r['p99_s']:.2f} | {r['tau']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

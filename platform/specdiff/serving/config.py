@@ -1,0 +1,184 @@
+"""Pydantic configs for the Serve app: the builder's ``args`` (Serve config YAML or ``serve run key=value``).
+
+Python::
+
+    from specdiff.serving import AppConfig, build_app
+    app = build_app(AppConfig(drafter={"max_replicas": 4}, pools=True))
+
+YAML (``serve deploy``)::
+
+    applications:
+      - name: specdiff
+        import_path: serve_apps.specdiff:app
+        args:
+          pools: true
+          models: {verifier: /models/verifier, drafter: /models/drafter}
+          drafter: {min_replicas: 1, max_replicas: 4, num_gpus: 1, accelerator_type: A100}
+
+``serve run serve_apps.specdiff:app drafter.max_replicas=4 pools=true``: dotted keys address nested fields.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEMO = "demo"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSource(_Strict):
+    """Where the verifier, drafter and tokenizer come from. ``demo`` builds a tiny random-init pair offline."""
+
+    model_id: str = Field("specdiff-demo", description="Name served in /v1/models; requests must use it as `model`.")
+    verifier: str = Field(
+        DEMO,
+        description="Verifier: 'demo' (tiny random-init Llama over a byte tokenizer, no download) or a Hugging Face "
+        "causal-LM folder / hub id.",
+    )
+    drafter: str = Field(
+        DEMO,
+        description="Drafter: 'demo' (build_small_drafter over the verifier's vocabulary), a folder written by "
+        "save_drafter, 'hf:<folder or hub id>' (a masked-diffusion model such as DiffuCoder), or "
+        "'import:<module>:<function>' (a factory called with this ModelSource that returns a Drafter).",
+    )
+    tokenizer: str | None = Field(None, description="Tokenizer folder / hub id; default: the verifier's.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights dtype; 'auto' = bfloat16 on GPU, float32 on CPU."
+    )
+    device_map: str | None = Field(
+        None, description="Passed to from_pretrained (e.g. 'auto' to spread a 72B verifier over a replica's GPUs)."
+    )
+    trust_remote_code: bool = Field(False, description="Allow model code from the hub (Dream/DiffuCoder need it).")
+    drafter_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="DrafterConfig fields for an 'hf:' drafter: shifted_logits, max_context, denoising_steps, ...",
+    )
+    max_context: int | None = Field(None, ge=2, description="Verifier context limit; default: the model's.")
+    demo_seed: int = Field(0, description="Init seed of the demo models (every replica builds the same weights).")
+
+    @field_validator("drafter")
+    @classmethod
+    def _drafter_form(cls, value: str) -> str:
+        if value.startswith("import:") and value.count(":") != 2:
+            raise ValueError(f"drafter must look like 'import:<module>:<function>', got {value!r}")
+        return value
+
+
+class PoolOptions(_Strict):
+    """Replicas of one deployment: autoscaling bounds and what each replica asks of its node pool."""
+
+    min_replicas: int = Field(1, ge=0, description="Autoscaling lower bound.")
+    max_replicas: int = Field(1, ge=1, description="Autoscaling upper bound (a pool resource also caps it).")
+    initial_replicas: int | None = Field(None, ge=0, description="Replicas at start; default min_replicas.")
+    target_ongoing_requests: float = Field(8, gt=0, description="Per-replica load the autoscaler aims for.")
+    max_ongoing_requests: int = Field(64, ge=1, description="Per-replica concurrency cap (back-pressure above).")
+    num_cpus: float = Field(0.5, ge=0, description="CPUs per replica (small default: the demo fits a 2-core laptop).")
+    num_gpus: float = Field(0, ge=0, description="GPUs per replica (2 for a 72B verifier in bfloat16 on A100-80GB).")
+    accelerator_type: str | None = Field(None, description="Ray accelerator type, e.g. 'A100' or 'A100-80G'.")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom resources per replica, e.g. {'drafter_pool': 1}."
+    )
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _json_resources(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value  # `serve run ... drafter.resources='{...}'`
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolOptions:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
+        return self
+
+    def deployment_options(self, pool_resource: str | None) -> dict:
+        """Keyword arguments for ``serve.deployment(...)`` / ``.options(...)``."""
+        resources = dict(self.resources)
+        if pool_resource is not None:
+            resources.setdefault(pool_resource, 1)
+        actor = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "resources": resources}
+        if self.accelerator_type:
+            actor["accelerator_type"] = self.accelerator_type
+        autoscaling = {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+        }
+        if self.initial_replicas is not None:
+            autoscaling["initial_replicas"] = self.initial_replicas
+        return {
+            "autoscaling_config": autoscaling,
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "ray_actor_options": actor,
+        }
+
+
+class DrafterOptions(PoolOptions):
+    max_batch_size: int = Field(16, ge=1, description="Concurrent proposals batched into one forward (serve.batch).")
+    batch_wait_timeout_s: float = Field(0.004, ge=0, description="How long a batch waits to fill.")
+
+
+class VerifierOptions(PoolOptions):
+    max_sessions: int = Field(256, ge=1, description="Per-replica cap on live KV-cache sessions (LRU beyond).")
+    kv_cache_budget_mb: float = Field(
+        2048, gt=0, description="Per-replica memory budget for KV caches; least recently used sessions are evicted."
+    )
+    num_virtual_nodes: int = Field(100, ge=1, description="Consistent-hash ring: virtual nodes per replica.")
+
+
+class RouterOptions(PoolOptions):
+    max_ongoing_requests: int = Field(256, ge=1, description="Concurrent requests per router replica.")
+    drafter_timeout_s: float = Field(
+        2.0, gt=0, description="A drafter call slower than this is abandoned; the round runs verifier-only."
+    )
+    drafter_cooldown_s: float = Field(
+        1.0, ge=0, description="After a drafter failure, skip the drafter for this long (verifier-only rounds)."
+    )
+    verifier_timeout_s: float = Field(60.0, gt=0, description="Timeout of one verifier call before it is retried.")
+    verifier_retries: int = Field(2, ge=0, description="Retries of a failed verifier call (a new replica recomputes).")
+    max_gamma: int = Field(64, ge=1, description="Largest window γ a request may ask for.")
+    max_candidates: int = Field(64, ge=1, description="Largest K a request may ask for.")
+    max_tokens_limit: int = Field(4096, ge=1, description="Largest max_tokens a request may ask for.")
+    default_max_tokens: int = Field(64, ge=1, description="max_tokens when a request gives none.")
+    gamma: int = Field(8, ge=1, description="Default window γ.")
+    num_candidates: int = Field(4, ge=1, description="Default K.")
+    draft_temperature: float = Field(1.5, ge=0, description="Default draft temperature.")
+    decode_threads: int = Field(256, ge=1, description="Threads that run decode loops (each blocks on handles).")
+
+
+class AppConfig(_Strict):
+    """Everything the builder takes. Every field is overridable from YAML ``args`` or ``serve run`` key=value."""
+
+    models: ModelSource = Field(default_factory=ModelSource)
+    drafter: DrafterOptions = Field(default_factory=DrafterOptions)
+    verifier: VerifierOptions = Field(default_factory=VerifierOptions)
+    router: RouterOptions = Field(default_factory=lambda: RouterOptions(num_cpus=0.25))
+    pools: bool = Field(
+        False,
+        description="Ask for one unit of 'drafter_pool' / 'verifier_pool' per replica (declare them on the cluster "
+        "first; an undeclared resource leaves the deployment DEPLOYING forever). Off on a laptop/CI.",
+    )
+    drafter_pool: str = Field("drafter_pool", description="Name of the drafter pool's custom resource.")
+    verifier_pool: str = Field("verifier_pool", description="Name of the verifier pool's custom resource.")
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any] | None) -> AppConfig:
+        """From a Serve ``args`` dict; dotted keys (``drafter.max_replicas=4`` from ``serve run``) are nested."""
+        nested: dict[str, Any] = {}
+        for key, value in (args or {}).items():
+            node = nested
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+                if not isinstance(node, dict):
+                    raise ValueError(f"{key} conflicts with a non-mapping value for {part!r}")
+            if isinstance(node.get(leaf), dict) and isinstance(value, dict):
+                node[leaf].update(value)
+            else:
+                node[leaf] = value
+        return cls.model_validate(nested)

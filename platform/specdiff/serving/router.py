@@ -1,0 +1,336 @@
+"""The ingress logic: OpenAI requests -> the engine's decode loop over the drafter and verifier handles.
+
+``OpenAIRouter`` is a plain class (handles and tokenizer injected); ``app.Router`` wraps it in FastAPI + Serve.
+Each decode loop runs in a worker thread because the engine is synchronous and calls handles with ``.result()``;
+chunks come back to the event loop through a queue. A client that goes away (the request task is cancelled) stops
+its loop after the current round and frees its verifier session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import AsyncIterator
+
+from ..config import SamplingParams, SpecConfig
+from ..engine import DecodeStream, SpeculativeDecoder, stream_plain
+from ..stats import DecodeStats
+from .config import ModelSource, RouterOptions
+from .metrics import NullMetrics
+from .models import load_tokenizer, stop_token_ids
+from .protocol import ApiError, ChatRequest, CompletionRequest, parse, value_error
+from .remote import RemoteDrafter, RemoteVerifier
+
+logger = logging.getLogger(__name__)
+_DONE = object()
+
+
+class TextStreamer:
+    """Incremental detokenization: never emits half a UTF-8 character or the start of a stop string, and cuts the
+    text before the first stop string (OpenAI leaves the stop sequence out)."""
+
+    def __init__(self, decode, stop_strings: list[str]):
+        self.decode = decode
+        self.stops = stop_strings
+        self.tokens: list[int] = []
+        self.sent = 0
+
+    def push(self, tokens: list[int], final: bool = False) -> str:
+        self.tokens.extend(tokens)
+        text = self.decode(self.tokens)
+        hits = [text.find(s) for s in self.stops if s in text]
+        if hits:
+            text = text[: min(hits)]
+        elif not final:
+            text = text.rstrip("\ufffd")
+            for k in range(min(len(text), max((len(s) for s in self.stops), default=1) - 1), 0, -1):
+                if any(s.startswith(text[-k:]) for s in self.stops):
+                    text = text[:-k]
+                    break
+        delta = text[self.sent :] if len(text) > self.sent else ""
+        self.sent = max(self.sent, len(text))
+        return delta
+
+
+def spec_usage(stats: DecodeStats, prompt_tokens: int, completion_tokens: int, speculative: bool) -> dict:
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    usage["total_tokens"] = prompt_tokens + completion_tokens
+    usage["speculative"] = {
+        "enabled": speculative,
+        "tau": round(stats.tau, 4),
+        "alpha": [round(a, 4) for a in stats.alpha],
+        "accepted_per_position": stats.accepted_per_position,
+        "reached_per_position": stats.reached_per_position,
+        "rounds": stats.rounds,
+        "verifier_calls": stats.verifier_calls,
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "fallbacks": stats.fallbacks,
+        "drafter_s": round(stats.drafter_s, 6),
+        "verifier_s": round(stats.verifier_s, 6),
+        "prefill_s": round(stats.prefill_s, 6),
+    }
+    return usage
+
+
+class OpenAIRouter:
+    def __init__(self, drafter_handle, verifier_handle, models: ModelSource, options: RouterOptions, *, metrics=None):
+        self.models = models
+        self.options = options
+        self.metrics = metrics or NullMetrics()
+        self.tokenizer = load_tokenizer(models)
+        self.drafter_handle = drafter_handle
+        self.verifier_handle = verifier_handle
+        self.pool = ThreadPoolExecutor(options.decode_threads, thread_name_prefix="decode")
+        self._info: dict | None = None
+        self._drafter: RemoteDrafter | None = None
+
+    async def info(self) -> dict:
+        """vocab size / context, asked of the verifier once (the router does not load model weights)."""
+        if self._info is None:
+            info = await self.verifier_handle.info.remote()
+            drafter_vocab = (await self.drafter_handle.info.remote())["vocab_size"]
+            self._drafter = RemoteDrafter(
+                self.drafter_handle,
+                drafter_vocab,
+                timeout_s=self.options.drafter_timeout_s,
+                cooldown_s=self.options.drafter_cooldown_s,
+                metrics=self.metrics,
+            )
+            self._info = info
+        return self._info
+
+    def model_list(self) -> dict:
+        entry = {"id": self.models.model_id, "object": "model", "created": 0, "owned_by": "specdiff"}
+        return {"object": "list", "data": [entry]}
+
+    # -- request handling -------------------------------------------------------------------------------------------
+
+    async def completions(self, body: bytes):
+        req = parse(CompletionRequest, body)
+        if isinstance(req.prompt, str):
+            if not req.prompt:
+                raise ApiError("prompt must not be empty", param="prompt")
+            prompt_ids = self.tokenizer.encode(req.prompt, add_special_tokens=False)
+        else:
+            prompt_ids = req.prompt
+        return await self._generate(req, prompt_ids, "prompt", chat=False)
+
+    async def chat(self, body: bytes):
+        req = parse(ChatRequest, body)
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        if not any(m["content"] for m in messages):
+            raise ApiError("messages must contain some text", param="messages")
+        prompt_ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(prompt_ids, dict) or hasattr(prompt_ids, "input_ids"):
+            prompt_ids = prompt_ids["input_ids"]
+        return await self._generate(req, list(prompt_ids), "messages", chat=True)
+
+    def _configs(self, req) -> tuple[SamplingParams, SpecConfig | None, int]:
+        opts = self.options
+        if req.model != self.models.model_id:
+            raise ApiError(f"model {req.model!r} is not served here; available: [{self.models.model_id!r}]", "model")
+        max_tokens = req.max_completion_tokens or req.max_tokens or opts.default_max_tokens
+        if max_tokens > opts.max_tokens_limit:
+            raise ApiError(f"max_tokens must be <= {opts.max_tokens_limit}, got {max_tokens}", "max_tokens")
+        gamma = opts.gamma if req.gamma is None else req.gamma
+        k = opts.num_candidates if req.num_candidates is None else req.num_candidates
+        if not 1 <= gamma <= opts.max_gamma:
+            raise ApiError(f"gamma must be in [1, {opts.max_gamma}], got {gamma}", "gamma")
+        if not 1 <= k <= opts.max_candidates:
+            raise ApiError(f"num_candidates must be in [1, {opts.max_candidates}], got {k}", "num_candidates")
+        if any(not s for s in req.stop_strings):
+            raise ApiError(f"stop must hold non-empty strings, got {req.stop!r}", "stop")
+        try:
+            sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
+            spec = SpecConfig(
+                gamma=gamma,
+                num_candidates=k,
+                draft_temperature=opts.draft_temperature if req.draft_temperature is None else req.draft_temperature,
+                draft_top_k=req.draft_top_k,
+                acceptance=req.acceptance,
+            )
+        except ValueError as err:
+            raise value_error(err) from None
+        return sampling, (spec if req.speculative else None), max_tokens
+
+    async def _generate(self, req, prompt_ids: list[int], prompt_field: str, chat: bool):
+        sampling, spec, max_tokens = self._configs(req)
+        info = await self.info()
+        if not prompt_ids:
+            raise ApiError(f"{prompt_field} must not be empty", param=prompt_field)
+        bad = next((t for t in prompt_ids if not 0 <= t < info["vocab_size"]), None)
+        if bad is not None:
+            raise ApiError(f"{prompt_field} token ids must lie in [0, {info['vocab_size']}), got {bad}", prompt_field)
+        context = info["max_context"]
+        if context is not None and len(prompt_ids) >= context:
+            raise ApiError(
+                f"{prompt_field} has {len(prompt_ids)} tokens; the model's context is {context} (room for output "
+                "is needed)",
+                prompt_field,
+            )
+        verifier = RemoteVerifier(
+            self.verifier_handle,
+            info["vocab_size"],
+            context,
+            timeout_s=self.options.verifier_timeout_s,
+            retries=self.options.verifier_retries,
+            metrics=self.metrics,
+        )
+        options = dict(
+            max_new_tokens=max_tokens,
+            sampling=sampling,
+            stop_token_ids=stop_token_ids(self.tokenizer, chat),
+            stop_strings=req.stop_strings,
+            seed=req.seed,
+        )
+        if spec is not None:
+            decoder = SpeculativeDecoder(self._drafter, verifier, decode=self._decode)
+            stream = decoder.stream(prompt_ids, spec=spec, **options)
+        else:
+            stream = stream_plain(verifier, prompt_ids, decode=self._decode, **options)
+        run = _Run(self, stream, verifier, req, prompt_ids, chat, speculative=spec is not None)
+        if req.stream:
+            return run.sse()
+        return await run.complete()
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class _Run:
+    """One request's decode: chunks from the worker thread, formatted as OpenAI JSON or SSE."""
+
+    def __init__(self, router: OpenAIRouter, stream: DecodeStream, verifier, req, prompt_ids, chat, speculative):
+        self.router, self.stream, self.verifier, self.req = router, stream, verifier, req
+        self.prompt_tokens = len(prompt_ids)
+        self.chat, self.speculative = chat, speculative
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.text = TextStreamer(router._decode, req.stop_strings)
+        self.endpoint = "chat" if chat else "completions"
+
+    async def chunks(self) -> AsyncIterator[list[int]]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        stop = threading.Event()
+        metrics = self.router.metrics
+
+        def put(item):
+            with contextlib.suppress(RuntimeError):  # the loop closed (replica shutting down)
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def work():
+            stats, prev = self.stream.stats, (0, 0, 0)
+            try:
+                for chunk in self.stream:
+                    if self.speculative:  # one chunk per verifier call: its acceptance length
+                        now = (stats.verifier_calls, stats.emitted, stats.accepted)
+                        if now[0] - prev[0] == 1:
+                            metrics.acceptance_length(now[1] - prev[1])
+                        prev = now
+                    put(chunk)
+                    if stop.is_set():
+                        break
+            except BaseException as err:  # handed to the request task, which answers 500 or ends the stream
+                put(err)
+            finally:
+                self.stream.close()
+                self.verifier.close()
+                put(_DONE)
+
+        self.router.pool.submit(work)
+        try:
+            while (item := await queue.get()) is not _DONE:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+
+    def _finish_reason(self) -> str:
+        return "stop" if self.stream.finish_reason == "stop" else "length"
+
+    def _usage(self) -> dict:
+        return spec_usage(self.stream.stats, self.prompt_tokens, len(self.stream.tokens), self.speculative)
+
+    def _record(self, status: str) -> None:
+        stats = self.stream.stats if status == "ok" else None
+        self.router.metrics.request(self.endpoint, status, stats, self.speculative)
+
+    async def complete(self) -> dict:
+        try:
+            async for chunk in self.chunks():
+                self.text.push(chunk)
+        except asyncio.CancelledError:
+            self.router.metrics.disconnect()
+            self._record("disconnected")
+            raise
+        except Exception:
+            self._record("error")
+            raise
+        self._record("ok")
+        text = self._final_text()
+        choice = {"index": 0, "finish_reason": self._finish_reason(), "logprobs": None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.req.model,
+            "choices": [choice],
+            "usage": self._usage(),
+        }
+
+    def _final_text(self) -> str:
+        streamer = TextStreamer(self.router._decode, self.req.stop_strings)
+        return streamer.push(self.text.tokens, final=True)
+
+    def _chunk(self, delta: str | None, finish_reason: str | None, first: bool = False) -> str:
+        if self.chat:
+            d = {"role": "assistant", "content": delta or ""} if first else ({"content": delta} if delta else {})
+            choice = {"index": 0, "delta": d, "finish_reason": finish_reason, "logprobs": None}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": delta or "", "finish_reason": finish_reason, "logprobs": None}
+            obj = "text_completion"
+        body = {"id": self.id, "object": obj, "created": self.created, "model": self.req.model, "choices": [choice]}
+        return f"data: {json.dumps(body)}\n\n"
+
+    async def sse(self) -> AsyncIterator[str]:
+        finished = False
+        try:
+            if self.chat:
+                yield self._chunk("", None, first=True)
+            async with contextlib.aclosing(self.chunks()) as chunks:
+                async for chunk in chunks:
+                    delta = self.text.push(chunk)
+                    if delta:
+                        yield self._chunk(delta, None)
+            tail = self.text.push([], final=True)
+            yield self._chunk(tail, self._finish_reason())
+            if self.req.stream_options is not None and self.req.stream_options.include_usage:
+                usage = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion"}
+                usage.update(created=self.created, model=self.req.model, choices=[], usage=self._usage())
+                yield f"data: {json.dumps(usage)}\n\n"
+            yield "data: [DONE]\n\n"
+            finished = True
+            self._record("ok")
+        except Exception as err:  # headers are sent already: report in-band, as OpenAI does
+            logger.exception("stream failed")
+            self._record("error")
+            yield f"data: {json.dumps(ApiError(str(err), status=500, kind='server_error').body())}\n\n"
+            finished = True
+        finally:
+            if not finished:  # cancelled / closed early: the client went away
+                self.router.metrics.disconnect()
+                self._record("disconnected")

@@ -1,0 +1,140 @@
+"""The drafter and verifier replicas as plain classes, with the model injected (testable without Serve).
+
+- ``DrafterServer``: stateless prefix -> marginals; ``propose_many`` runs a batch of calls (one forward per window
+  size). The Serve deployment (``app.DrafterDeployment``) feeds it concurrent calls through ``serve.batch``.
+- ``VerifierServer``: tree scoring over per-session KV caches, LRU-bounded by a session count and a memory budget.
+  Each call carries the session's full token list, so a replica that lacks the session (evicted, restarted, or a
+  new replica after a re-route) recomputes the prefix and stays exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from ..drafter import Drafter
+from ..tree import TokenTree
+from ..verifier import HFVerifierSession, Verifier
+
+
+def _build(obj, kind):
+    """An injected object, or a zero-argument factory that builds it (deployments build models on the replica)."""
+    return obj if hasattr(obj, kind) else obj()
+
+
+class DrafterServer:
+    def __init__(self, drafter: Drafter | Callable[[], Drafter]):
+        self.drafter: Drafter = _build(drafter, "propose_batch")
+        self.vocab_size = self.drafter.vocab_size
+        self.batch_sizes: list[int] = []  # recent batch sizes (observability and tests)
+
+    async def propose(self, prefix: list[int], gamma: int) -> torch.Tensor:
+        """Marginals [gamma, V] for one prefix (unbatched; the deployment batches)."""
+        return (await asyncio.to_thread(self.propose_many, [prefix], [gamma]))[0]
+
+    def propose_many(self, prefixes: Sequence[Sequence[int]], gammas: Sequence[int]) -> list[torch.Tensor]:
+        """One forward per distinct gamma among the batched calls."""
+        self.batch_sizes = (self.batch_sizes + [len(prefixes)])[-1000:]
+        out: list[torch.Tensor | None] = [None] * len(prefixes)
+        for gamma in sorted(set(gammas)):
+            rows = [i for i, g in enumerate(gammas) if g == gamma]
+            marginals = self.drafter.propose_batch([prefixes[i] for i in rows], gamma)  # [B, gamma, V]
+            for i, m in zip(rows, marginals):
+                out[i] = m.clone()
+        return out
+
+    def info(self) -> dict:
+        return {"vocab_size": self.vocab_size}
+
+
+@dataclass
+class _Entry:
+    session: HFVerifierSession
+    scored: bool  # a tree was scored and awaits its commit
+    nbytes: int
+
+
+def _cache_bytes(session) -> int:
+    cache = getattr(session, "cache", None)
+    if cache is None:
+        return 0
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values) if t is not None)
+
+
+class VerifierServer:
+    def __init__(
+        self,
+        verifier: Verifier | Callable[[], Verifier],
+        *,
+        max_sessions: int = 256,
+        kv_cache_budget_mb: float = 2048,
+    ):
+        self.verifier: Verifier = _build(verifier, "start")
+        self.max_sessions = max_sessions
+        self.budget_bytes = int(kv_cache_budget_mb * 2**20)
+        self._sessions: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
+        self._lock = threading.Lock()  # score() runs in Serve's thread pool
+        self.counts = {"hits": 0, "misses": 0, "evictions": 0}
+
+    def info(self) -> dict:
+        return {"vocab_size": self.verifier.vocab_size, "max_context": self.verifier.max_context}
+
+    def score(
+        self,
+        session_id: str,
+        tokens: list[int],
+        commit: tuple[list[int], int] | None,
+        tree: TokenTree,
+    ) -> torch.Tensor:
+        """Log-probs [N+1, V] at every node of ``tree`` after the session's ``tokens``.
+
+        ``commit`` = (path, next_token) settles the tree this session scored last; ``tokens`` is the state after it.
+        The session is taken out of the LRU while in use, so an overlapping retry builds its own and cannot corrupt
+        this one.
+        """
+        with self._lock:
+            entry = self._sessions.pop(session_id, None)
+        if entry is not None and entry.scored and commit is not None:
+            entry.session.commit(commit[0], commit[1])
+            entry.scored = False
+        if entry is None or entry.scored or entry.session.tokens != tokens:
+            # Miss (never seen, evicted, or this replica lost track): recompute the prefix.
+            self.counts["misses"] += 1
+            entry = _Entry(self.verifier.start(tokens), scored=False, nbytes=0)
+        else:
+            self.counts["hits"] += 1
+        logp = entry.session.score(tree)
+        entry.scored = True
+        entry.nbytes = _cache_bytes(entry.session)
+        with self._lock:
+            self._sessions[session_id] = entry
+            self._evict()
+        return logp
+
+    def _evict(self) -> None:
+        total = sum(e.nbytes for e in self._sessions.values())
+        while self._sessions and (len(self._sessions) > self.max_sessions or total > self.budget_bytes):
+            if len(self._sessions) == 1 and len(self._sessions) <= self.max_sessions:
+                break  # one session over budget is kept: evicting it would only force a recompute next round
+            _, entry = self._sessions.popitem(last=False)
+            total -= entry.nbytes
+            self.counts["evictions"] += 1
+
+    def close(self, session_id: str) -> bool:
+        """Free a session's KV cache (the request finished or its client went away)."""
+        with self._lock:
+            return self._sessions.pop(session_id, None) is not None
+
+    def sessions(self) -> dict[str, int]:
+        """Live sessions -> tokens held (observability and tests)."""
+        with self._lock:
+            return {sid: len(e.session.tokens) for sid, e in self._sessions.items()}
+
+    def cache_stats(self) -> dict:
+        with self._lock:
+            return {**self.counts, "sessions": len(self._sessions), "bytes": sum(e.nbytes for e in self._sessions.values())}

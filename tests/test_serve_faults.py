@@ -1,0 +1,130 @@
+"""Faults under load: a drafter replica killed, a verifier replica killed, a drafter slower than its timeout.
+Every request must still complete with the exact output (greedy, so it is checkable token for token)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from serve_helpers import BASE, MODEL, LocalReference, run_app
+
+pytestmark = pytest.mark.slow
+SMALL = {"num_cpus": 0.25}
+TWO = {**SMALL, "min_replicas": 2, "max_replicas": 2}
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return LocalReference()
+
+
+@pytest.fixture(scope="module")
+def faults_app(serve_cluster):
+    from specdiff.serving.app import build_app
+
+    router = {**SMALL, "drafter_timeout_s": 1.0, "drafter_cooldown_s": 0.5, "verifier_retries": 6}
+    run_app(build_app({"drafter": TWO, "verifier": TWO, "router": router}), "faults", "/faults")
+    yield BASE + "/faults"
+    serve_cluster.delete("faults")
+
+
+@pytest.fixture(scope="module")
+def slow_app(serve_cluster):
+    from specdiff.serving.app import build_app
+
+    args = {
+        "models": {"drafter": "import:serve_helpers:slow_drafter"},
+        "drafter": SMALL,
+        "verifier": SMALL,
+        "router": {**SMALL, "drafter_timeout_s": 0.3, "drafter_cooldown_s": 0.0},
+    }
+    run_app(build_app(args), "slow", "/slow")
+    yield BASE + "/slow"
+    serve_cluster.delete("slow")
+
+
+def _replica_actors(app: str, deployment: str):
+    import ray
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == "serve"]
+    return [n for n in names if n.startswith(f"SERVE_REPLICA::{app}#{deployment}#")]
+
+
+def _wait_replicas(app: str, deployment: str, n: int, timeout_s: float = 180):
+    """Until Serve has replaced killed replicas (so tests do not depend on each other's damage)."""
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = serve.status().applications[app].deployments[deployment]
+        if status.status == "HEALTHY" and status.replica_states.get("RUNNING", 0) == n:
+            return
+        time.sleep(1)
+    raise TimeoutError(f"{app}/{deployment} not back to {n} healthy replicas: {status}")
+
+
+def _load_with_kill(url, ref, deployment, kill: int, n=24, max_tokens=32):
+    """n concurrent greedy requests; 1 s in, ``kill`` replicas of ``deployment`` are killed. Returns usages."""
+    import ray
+
+    _wait_replicas("faults", deployment, 2)
+    replicas = _replica_actors("faults", deployment)
+    assert len(replicas) == 2, replicas
+    jobs = [(f"fault test {i}", i) for i in range(n)]
+    want = [ref.complete(p, max_tokens=max_tokens, temperature=0.0, seed=i)[0] for p, i in jobs]
+
+    def call(job):
+        body = {"model": MODEL, "prompt": job[0], "max_tokens": max_tokens, "temperature": 0.0, "seed": job[1]}
+        return requests.post(url + "/v1/completions", json=body, timeout=180)
+
+    killed_at: list[float] = []
+
+    def killer():
+        time.sleep(1.0)
+        for name in replicas[:kill]:
+            ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+        killed_at.append(time.perf_counter())
+
+    t0 = time.perf_counter()
+    thread = threading.Thread(target=killer)
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(call, job) for job in jobs]
+        thread.start()
+        outs = [f.result() for f in futures]
+    done_at = time.perf_counter()
+    thread.join(30)
+    assert killed_at and killed_at[0] < done_at, "the kill must land while requests are in flight"
+    assert [o.status_code for o in outs] == [200] * n, [o.text[:200] for o in outs if o.status_code != 200]
+    assert [o.json()["choices"][0]["text"] for o in outs] == want
+    print(f"{deployment} x{kill} killed at {killed_at[0] - t0:.1f}s; load done at {done_at - t0:.1f}s")
+    return [o.json()["usage"]["speculative"] for o in outs]
+
+
+def test_killed_drafter_replica_under_load(faults_app, ref):
+    # Serve's own router re-routes calls that hit the dead replica to the live one; every request stays exact.
+    _load_with_kill(faults_app, ref, "Drafter", kill=1)
+
+
+def test_killed_verifier_replica_under_load(faults_app, ref):
+    # Sessions on the dead replica move to the other one on the hash ring, which recomputes their prefixes.
+    _load_with_kill(faults_app, ref, "Verifier", kill=1)
+
+
+def test_whole_drafter_pool_killed_falls_back(faults_app, ref):
+    # No drafter left until Serve replaces them: rounds time out and run verifier-only, still exact, and counted.
+    usage = _load_with_kill(faults_app, ref, "Drafter", kill=2)
+    assert sum(u["fallbacks"] for u in usage) >= 1
+    _wait_replicas("faults", "Drafter", 2)
+
+
+def test_slow_drafter_falls_back_to_verifier_only(slow_app, ref):
+    body = {"model": MODEL, "prompt": "slow", "max_tokens": 6, "temperature": 0.0}
+    out = requests.post(slow_app + "/v1/completions", json=body, timeout=120).json()
+    text, _ = ref.complete("slow", max_tokens=6, temperature=0.0, seed=0, speculative=False)
+    assert out["choices"][0]["text"] == text
+    spec = out["usage"]["speculative"]
+    assert spec["fallbacks"] == 5 and spec["rounds"] == 0  # the 6th token is a plain step anyway
