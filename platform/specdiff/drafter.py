@@ -239,9 +239,15 @@ def build_small_drafter(
     return HFDiffusionDrafter(model, DrafterConfig(mask_token_id=vocab_size, vocab_size=vocab_size))
 
 
-def drafter_from_verifier(verifier: torch.nn.Module, num_layers: int = 2, *, seed: int = 0) -> HFDiffusionDrafter:
+def drafter_from_verifier(
+    verifier: torch.nn.Module, num_layers: int = 2, *, seed: int = 0, shifted_logits: bool = True
+) -> HFDiffusionDrafter:
     """A Llama-shaped drafter that inherits a Llama-family verifier's embeddings, LM head, final norm and
-    ``num_layers`` of its decoder layers (evenly spaced), with one appended mask-token row."""
+    ``num_layers`` of its decoder layers (evenly spaced), with one appended mask-token row.
+
+    ``shifted_logits`` (default, as DiffuCoder/Dream and DiffuLLaMA, which are adapted from AR models too): window
+    position i is read from the output at i-1, which is what the inherited layers and head were trained to
+    predict. Unshifted, each masked position would have to predict its own token, which they never did."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     vconf = verifier.config
@@ -264,7 +270,9 @@ def drafter_from_verifier(verifier: torch.nn.Module, num_layers: int = 2, *, see
             head = verifier.get_output_embeddings().weight
             model.lm_head.weight[:vocab] = head
             model.lm_head.weight[vocab] = 0
-    return HFDiffusionDrafter(model, DrafterConfig(mask_token_id=vocab, vocab_size=vocab))
+    return HFDiffusionDrafter(
+        model, DrafterConfig(mask_token_id=vocab, vocab_size=vocab, shifted_logits=shifted_logits)
+    )
 
 
 def save_drafter(drafter: HFDiffusionDrafter, path: str | Path, **record) -> Path:

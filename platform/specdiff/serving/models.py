@@ -14,6 +14,7 @@ import torch
 
 from ..drafter import Drafter, HFDiffusionDrafter, build_small_drafter
 from ..drafter import load_drafter as load_saved_drafter
+from ..models import resolve_model_path
 from ..verifier import HFVerifier
 from .config import DEMO, ModelSource
 
@@ -73,7 +74,8 @@ def load_tokenizer(source: ModelSource):
         return byte_tokenizer()
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(source.tokenizer or source.verifier, trust_remote_code=source.trust_remote_code)
+    path = resolve_model_path(source.tokenizer or source.verifier)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=source.trust_remote_code)
 
 
 def demo_verifier_model(source: ModelSource, vocab_size: int):
@@ -102,7 +104,7 @@ def load_verifier(source: ModelSource) -> HFVerifier:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(
-            source.verifier,
+            resolve_model_path(source.verifier),  # the embedded default name, a local folder or a hub id
             dtype=_dtype(source),
             device_map=source.device_map,
             trust_remote_code=source.trust_remote_code,
