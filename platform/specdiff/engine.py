@@ -128,6 +128,12 @@ class DecodeStream:
     def result(self) -> GenerationResult:
         return GenerationResult(self.tokens, self.finish_reason or "context", self.stats)
 
+    def run(self) -> GenerationResult:
+        """Decode to completion and return the result."""
+        for _ in self:
+            pass
+        return self.result()
+
 
 def _plain_step(session: VerifierSession, sampling: SamplingParams, gen, stats: DecodeStats) -> list[int]:
     t0 = time.perf_counter()
@@ -142,6 +148,26 @@ def _plain_step(session: VerifierSession, sampling: SamplingParams, gen, stats: 
 def _room(session: VerifierSession, max_context: int | None) -> int:
     """Tokens that may still be emitted before the verifier's context is full."""
     return max_context - len(session.tokens) if max_context is not None else 1 << 62
+
+
+def _decode_loop(
+    verifier: Verifier,
+    prompt,
+    stopper: _Stopper,
+    stats: DecodeStats,
+    step: Callable[[VerifierSession, int], list[int]],
+) -> Iterator[list[int]]:
+    """Prefill, then run ``step(session, room)`` until a stop condition or a full context; yield what is emitted."""
+    t0 = time.perf_counter()
+    session = verifier.start(prompt)
+    stats.prefill_s += time.perf_counter() - t0
+    while stopper.finish_reason is None:
+        room = _room(session, verifier.max_context)
+        if room <= 0:
+            return
+        out = stopper.push(step(session, room))
+        if out:
+            yield out
 
 
 class SpeculativeDecoder:
@@ -174,7 +200,7 @@ class SpeculativeDecoder:
         seed: int | None = None,
         generator: torch.Generator | None = None,
     ) -> GenerationResult:
-        stream = self.stream(
+        return self.stream(
             prompt,
             max_new_tokens=max_new_tokens,
             sampling=sampling,
@@ -183,10 +209,7 @@ class SpeculativeDecoder:
             stop_strings=stop_strings,
             seed=seed,
             generator=generator,
-        )
-        for _ in stream:
-            pass
-        return stream.result()
+        ).run()
 
     def stream(
         self,
@@ -208,22 +231,14 @@ class SpeculativeDecoder:
         return DecodeStream(rounds, stopper, stats)
 
     def _rounds(self, prompt, stopper: _Stopper, sampling, spec: SpecConfig, gen, stats: DecodeStats):
-        t0 = time.perf_counter()
-        session = self.verifier.start(prompt)
-        stats.prefill_s += time.perf_counter() - t0
-        while stopper.finish_reason is None:
-            room = _room(session, self.verifier.max_context)
-            if room <= 0:
-                return
+        def step(session: VerifierSession, room: int) -> list[int]:
             # Emit at most min(remaining, room) tokens: the window leaves one slot for the recovered/bonus token.
             gamma = min(spec.gamma, stopper.remaining - 1, room - 1)
             if gamma < 1:
-                emitted = _plain_step(session, sampling, gen, stats)
-            else:
-                emitted = self._round(session, gamma, sampling, spec, gen, stats)
-            out = stopper.push(emitted)
-            if out:
-                yield out
+                return _plain_step(session, sampling, gen, stats)
+            return self._round(session, gamma, sampling, spec, gen, stats)
+
+        return _decode_loop(self.verifier, prompt, stopper, stats, step)
 
     def _round(self, session: VerifierSession, gamma: int, sampling, spec: SpecConfig, gen, stats) -> list[int]:
         t0 = time.perf_counter()
@@ -273,18 +288,12 @@ def stream_plain(
     fallback."""
     stopper = _Stopper(max_new_tokens, stop_token_ids, stop_strings, decode)
     stats = stats if stats is not None else DecodeStats()
-    steps = _plain_steps(verifier, prompt, stopper, sampling, make_generator(seed, generator), stats)
-    return DecodeStream(steps, stopper, stats)
+    gen = make_generator(seed, generator)
 
+    def step(session: VerifierSession, room: int) -> list[int]:
+        return _plain_step(session, sampling, gen, stats)
 
-def _plain_steps(verifier: Verifier, prompt, stopper: _Stopper, sampling, gen, stats: DecodeStats):
-    t0 = time.perf_counter()
-    session = verifier.start(prompt)
-    stats.prefill_s += time.perf_counter() - t0
-    while stopper.finish_reason is None and _room(session, verifier.max_context) > 0:
-        out = stopper.push(_plain_step(session, sampling, gen, stats))
-        if out:
-            yield out
+    return DecodeStream(_decode_loop(verifier, prompt, stopper, stats, step), stopper, stats)
 
 
 def generate_plain(
@@ -300,7 +309,7 @@ def generate_plain(
     generator: torch.Generator | None = None,
 ) -> GenerationResult:
     """Verifier-only decoding to completion (see ``stream_plain``)."""
-    stream = stream_plain(
+    return stream_plain(
         verifier,
         prompt,
         max_new_tokens=max_new_tokens,
@@ -310,7 +319,4 @@ def generate_plain(
         decode=decode,
         seed=seed,
         generator=generator,
-    )
-    for _ in stream:
-        pass
-    return stream.result()
+    ).run()
