@@ -7,6 +7,7 @@ import torch
 
 from helpers import tiny_llama
 from specdiff import DrafterConfig, HFDiffusionDrafter, build_small_drafter, drafter_from_verifier, load_drafter, save_drafter
+from specdiff.drafter import window_inputs
 
 V = 64
 
@@ -58,7 +59,8 @@ def test_shifted_logits_read_the_previous_position():
     plain = HFDiffusionDrafter(model, DrafterConfig(mask_token_id=0, vocab_size=V))
     shifted = HFDiffusionDrafter(model, DrafterConfig(mask_token_id=0, vocab_size=V, shifted_logits=True))
     prefix, gamma = [5, 6, 7], 4
-    ids, valid, pos = plain._inputs([prefix], gamma)
+    batch = window_inputs([prefix], gamma, 0)
+    ids, valid, pos = batch.ids, batch.valid, batch.positions
     mask = plain.hf.additive_mask(valid[:, None, :].expand(-1, ids.shape[1], -1))
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[0].float()

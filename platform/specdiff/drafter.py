@@ -96,13 +96,14 @@ class HFDiffusionDrafter:
             raise ValueError("prefix must contain at least one token, got an empty prefix")
         cfg = self.config
         prefixes = bound_prefixes(prefixes, gamma, cfg.max_context)
-        ids, allowed, positions = self._inputs(prefixes, gamma)
+        batch = window_inputs(prefixes, gamma, cfg.mask_token_id)
+        ids = batch.ids
         window = slice(ids.shape[1] - gamma, ids.shape[1])
         marginals = torch.zeros(len(prefixes), gamma, cfg.vocab_size)
         still_masked = torch.ones(len(prefixes), gamma, dtype=torch.bool)
         steps = min(cfg.denoising_steps, gamma)
         for step in range(steps):
-            probs = self._window_probs(ids, allowed, positions, gamma)  # [B, gamma, V]
+            probs = window_logits(self.hf, batch, cfg, grad=False).softmax(-1).cpu()  # [B, gamma, V]
             if step == steps - 1:
                 marginals[still_masked] = probs[still_masked]
                 break
@@ -118,15 +119,6 @@ class HFDiffusionDrafter:
             window_ids[rows, chosen] = probs[rows, chosen].argmax(-1).to(ids.device)
             ids[:, window] = window_ids
         return marginals
-
-    def _inputs(self, prefixes: Sequence[Sequence[int]], gamma: int):
-        """(ids, valid, positions) of ``window_inputs``, as a tuple."""
-        batch = window_inputs(prefixes, gamma, self.config.mask_token_id)
-        return batch.ids, batch.valid, batch.positions
-
-    def _window_probs(self, ids, valid, positions, gamma) -> torch.Tensor:
-        batch = WindowInputs(ids=ids, valid=valid, positions=positions, gamma=gamma)
-        return window_logits(self.hf, batch, self.config, grad=False).softmax(-1).cpu()
 
 
 def bound_prefixes(prefixes: Sequence[Sequence[int]], gamma: int, max_context: int | None) -> list[list[int]]:
