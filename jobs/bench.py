@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -174,7 +175,7 @@ def main(argv=None) -> int:
     plot_alpha(report, out_dir / "alpha.png")
     print(report["table"])
     if args.mlflow:
-        log_to_mlflow(args, out_dir, report)
+        log_to_mlflow(out_dir, report)
     return 0
 
 
@@ -231,15 +232,16 @@ def plot_alpha(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def log_to_mlflow(args, out_dir: Path, report: dict) -> None:
+def log_to_mlflow(out_dir: Path, report: dict) -> None:
     import mlflow
 
-    mlflow.set_tracking_uri(f"sqlite:///{state_dir() / 'mlflow.db'}" if not mlflow.get_tracking_uri().startswith(
-        ("http", "sqlite")) else mlflow.get_tracking_uri())
+    # MLFLOW_TRACKING_URI (a server or another store) wins; else the local store in the state directory.
+    state_dir().mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{state_dir() / 'mlflow.db'}")
     mlflow.set_experiment("specdiff-bench")
     with mlflow.start_run(run_name="bench"):
         mlflow.log_params({k: str(v)[:250] for k, v in report["config"].items()})
-        for i, row in enumerate(report["rows"]):
+        for row in report["rows"]:
             key = f"{row['domain']}.{row['method']}".replace(" ", "_").replace("=", "")
             mlflow.log_metrics({f"{key}.speedup": row["speedup"], f"{key}.tau": row["tau"]})
         for name in ("bench.md", "bench.json", "alpha.png"):
