@@ -107,3 +107,42 @@ def test_save_and_load_roundtrip(tmp_path, drafter):
     loaded = load_drafter(tmp_path / "d")
     assert loaded.config == drafter.config
     torch.testing.assert_close(loaded.propose([1, 2, 3], 4), drafter.propose([1, 2, 3], 4))
+
+
+def block_drafter(verifier_model, **options):
+    d = drafter_from_verifier(verifier_model, num_layers=2, causal_prefix=True)
+    config = DrafterConfig(**{**d.config.__dict__, **options})
+    return HFDiffusionDrafter(d.model, config), HFDiffusionDrafter(d.model, config, cache_prefix=False)
+
+
+def test_causal_prefix_prefix_is_causal_window_is_bidirectional(verifier_model):
+    _, d = block_drafter(verifier_model, shifted_logits=False)
+    # Window rows see each other: the first marginal depends on the window length.
+    assert not torch.allclose(d.propose([1, 2, 3, 4], 4)[0], d.propose([1, 2, 3, 4], 1)[0], atol=1e-4)
+    # Prefix rows are causal: a drafter run over the prefix alone gives the same last-prefix output as an AR pass.
+    shifted = HFDiffusionDrafter(d.model, DrafterConfig(**{**d.config.__dict__, "shifted_logits": True}),
+                                 cache_prefix=False)
+    ar = d.model(torch.tensor([[1, 2, 3, 4]])).logits[0, -1, :V].softmax(-1)
+    torch.testing.assert_close(shifted.propose([1, 2, 3, 4], 1)[0], ar, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("max_context", [None, 24])
+def test_prefix_cache_equals_a_full_pass(verifier_model, max_context):
+    cached, full = block_drafter(verifier_model, max_context=max_context)
+    run = []  # tokens the cached drafter runs per call
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(V, (5,), generator=gen).tolist()
+    for step in range(14):
+        prefix += torch.randint(V, (1 + step % 3,), generator=gen).tolist()
+        handle = cached.model.register_forward_pre_hook(
+            lambda mod, args, kwargs: run.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+        got = cached.propose(prefix, 4)
+        handle.remove()
+        seen = prefix[cached._cache.start :]
+        assert max_context is None or len(seen) + 4 <= max_context
+        torch.testing.assert_close(got, full.propose(seen, 4), atol=1e-5, rtol=1e-4)
+    # a prefix that diverges (another session) restarts the cache and is still exact
+    other = [3] * 9
+    torch.testing.assert_close(cached.propose(other, 4), full.propose(other, 4), atol=1e-5, rtol=1e-4)
+    assert max(run[1:-1]) <= 3 + 1 + 4 if max_context is None else sorted(run)[len(run) // 2] <= 3 + 1 + 4
+    assert cached._cache.tokens == other

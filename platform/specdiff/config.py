@@ -102,6 +102,10 @@ class DrafterConfig:
     shifted_logits: bool = False  # DiffuCoder/Dream, DiffuLLaMA: position i is predicted from the output at i-1
     max_context: int | None = None  # left-truncate prefixes longer than this (bounds drafter cost)
     force_bidirectional: bool = True  # pass an all-visible 4D mask (turns a causal HF architecture bidirectional)
+    # Block attention (with force_bidirectional): prefix tokens attend causally, window tokens attend to the whole
+    # prefix and to each other. The prefix then reads exactly as in an AR model (inherited layers keep their
+    # meaning) and its keys/values can be cached across rounds; the window is still drafted in one pass.
+    causal_prefix: bool = False
 
     def __post_init__(self) -> None:
         _check(_is_int(self.mask_token_id) and self.mask_token_id >= 0, "mask_token_id", self.mask_token_id, "an integer >= 0")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence, runtime_checkable
@@ -46,10 +47,15 @@ class Drafter(Protocol):
 
 
 class HFDiffusionDrafter:
-    def __init__(self, model: torch.nn.Module, config: DrafterConfig):
+    """``cache_prefix`` (block attention only, one prefix at a time): keep the prefix's keys/values between calls;
+    when the next prefix extends the last one, only the new tokens and the γ masks are run. The marginals equal a
+    full pass over the same context (tested); a bounded context then slides in jumps of half ``max_context``."""
+
+    def __init__(self, model: torch.nn.Module, config: DrafterConfig, *, cache_prefix: bool = True):
         self.hf = HFModel(model)
         self.config = config
         self.vocab_size = config.vocab_size
+        self._cache = _PrefixCache() if cache_prefix and config.causal_prefix and config.force_bidirectional else None
         embed_rows = int(model.get_input_embeddings().weight.shape[0])
         if config.mask_token_id >= embed_rows:
             raise ValueError(
@@ -95,6 +101,8 @@ class HFDiffusionDrafter:
         if not prefixes or any(len(p) == 0 for p in prefixes):
             raise ValueError("prefix must contain at least one token, got an empty prefix")
         cfg = self.config
+        if self._cache is not None and len(prefixes) == 1 and cfg.denoising_steps == 1:
+            return self._cache.propose(self.hf, cfg, list(prefixes[0]), gamma)[None]
         prefixes = bound_prefixes(prefixes, gamma, cfg.max_context)
         batch = window_inputs(prefixes, gamma, cfg.mask_token_id)
         ids = batch.ids
@@ -119,6 +127,48 @@ class HFDiffusionDrafter:
             window_ids[rows, chosen] = probs[rows, chosen].argmax(-1).to(ids.device)
             ids[:, window] = window_ids
         return marginals
+
+
+class _PrefixCache:
+    """Keys/values of ``tokens`` = prefix[start:] from the last call (block attention: a prefix token's keys and
+    values do not depend on what follows it)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.start, self.tokens, self.kv = 0, [], None
+
+    def propose(self, hf: HFModel, cfg: DrafterConfig, prefix: list[int], gamma: int) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        with self.lock:
+            room = None if cfg.max_context is None else max(1, cfg.max_context - gamma)
+            # Reuse the longest common prefix; the last prefix token is always run (its output drafts x_1).
+            n = _common_length(self.tokens, prefix[self.start : len(prefix) - 1]) if self.kv is not None else 0
+            if n == 0 or (room is not None and len(prefix) - self.start > room):
+                # Start over; a bounded context restarts half full, so it slides in jumps of room // 2.
+                self.start = 0 if room is None or len(prefix) <= room else len(prefix) - max(1, room // 2)
+                self.kv, n = DynamicCache(), 0
+            for layer in self.kv.layers:
+                layer.keys, layer.values = layer.keys[..., :n, :], layer.values[..., :n, :]
+            new = prefix[self.start + n :]
+            q = len(new) + gamma
+            allowed = torch.ones(q, n + q, dtype=torch.bool)
+            allowed[:, n:] = block_attention(q, gamma)
+            ids = torch.tensor([new + [cfg.mask_token_id] * gamma])
+            positions = torch.arange(n, n + q)[None].to(hf.device)
+            last = gamma + 1 if cfg.shifted_logits else gamma
+            logits = hf.logits(ids, attention_mask=hf.additive_mask(allowed[None]), position_ids=positions,
+                               cache=self.kv, last=last)
+            self.tokens = self.tokens[:n] + new  # the masks' keys/values are cut at the next call
+        return window_from_outputs(logits, cfg)[0].softmax(-1).cpu()
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def bound_prefixes(prefixes: Sequence[Sequence[int]], gamma: int, max_context: int | None) -> list[list[int]]:
@@ -166,23 +216,45 @@ def window_inputs(
 def window_logits(hf: HFModel, batch: WindowInputs, config: DrafterConfig, *, grad: bool) -> torch.Tensor:
     """Drafter logits [B, γ, vocab_size] (float32) for the window positions; the mask token, if inside the
     vocabulary, is set to -inf. ``grad=True`` keeps the autograd graph (training)."""
+    return window_from_outputs(window_outputs(hf, batch, config, grad=grad), config)
+
+
+def window_outputs(
+    hf: HFModel, batch: WindowInputs, config: DrafterConfig, *, grad: bool, prefix_outputs: int = 0
+) -> torch.Tensor:
+    """Raw model logits at the last γ (+1 if shifted) + ``prefix_outputs`` positions. With ``causal_prefix`` the
+    extra prefix rows are next-token predictions of the prefix itself (an auxiliary AR loss in training)."""
     gamma = batch.gamma
     if config.force_bidirectional:
-        # Every query attends to every real (non-pad) key: [B, 1, L, L].
+        # Every query attends to every real (non-pad) key: [B, 1, L, L] (causal_prefix: prefix rows causally).
         allowed = batch.valid[:, None, :].expand(-1, batch.ids.shape[1], -1)
+        if config.causal_prefix:
+            allowed = allowed & block_attention(batch.ids.shape[1], gamma)
         mask = hf.additive_mask(allowed)
     else:
         mask = batch.valid.long().to(hf.device)
-    last = gamma + 1 if config.shifted_logits else gamma
+    last = (gamma + 1 if config.shifted_logits else gamma) + prefix_outputs
     forward = hf.forward if grad else hf.logits
-    logits = forward(batch.ids, attention_mask=mask, position_ids=batch.positions.to(hf.device), last=last)
-    logits = logits[:, :gamma] if config.shifted_logits else logits  # shifted: position i from output i-1
+    return forward(batch.ids, attention_mask=mask, position_ids=batch.positions.to(hf.device), last=last)
+
+
+def window_from_outputs(logits: torch.Tensor, config: DrafterConfig) -> torch.Tensor:
+    """Model outputs at the last γ (+1 if shifted) positions -> window logits [B, γ, vocab_size], float32."""
+    if config.shifted_logits:  # position i is read from output i-1
+        logits = logits[:, :-1]
     logits = logits[..., : config.vocab_size].float()
     if config.mask_token_id < config.vocab_size:
         logits = logits.masked_fill(
             torch.arange(config.vocab_size, device=logits.device) == config.mask_token_id, float("-inf")
         )
     return logits
+
+
+def block_attention(length: int, gamma: int) -> torch.Tensor:
+    """bool [L, L]: rows of the prefix (the first L-γ) see keys up to themselves; window rows see every key."""
+    allowed = torch.ones(length, length, dtype=torch.bool).tril()
+    allowed[length - gamma :] = True
+    return allowed
 
 
 def find_mask_token_id(model: torch.nn.Module, tokenizer=None) -> int:
@@ -232,10 +304,17 @@ def build_small_drafter(
 
 
 def drafter_from_verifier(
-    verifier: torch.nn.Module, num_layers: int = 2, *, seed: int = 0, shifted_logits: bool = True
+    verifier: torch.nn.Module,
+    num_layers: int = 2,
+    *,
+    layers: Sequence[int] | None = None,
+    causal_prefix: bool = False,
+    seed: int = 0,
+    shifted_logits: bool = True,
 ) -> HFDiffusionDrafter:
     """A Llama-shaped drafter that inherits a Llama-family verifier's embeddings, LM head, final norm and
-    ``num_layers`` of its decoder layers (evenly spaced), with one appended mask-token row.
+    ``num_layers`` of its decoder layers (evenly spaced; ``layers`` names them explicitly), with one appended
+    mask-token row. ``causal_prefix``: block attention (see ``DrafterConfig``).
 
     ``shifted_logits`` (default, as DiffuCoder/Dream and DiffuLLaMA, which are adapted from AR models too): window
     position i is read from the output at i-1, which is what the inherited layers and head were trained to
@@ -244,15 +323,19 @@ def drafter_from_verifier(
 
     vconf = verifier.config
     vocab = int(verifier.get_output_embeddings().weight.shape[0])
-    config = LlamaConfig(**{**vconf.to_dict(), "vocab_size": vocab + 1, "num_hidden_layers": num_layers})
+    src_layers = verifier.model.layers
+    if layers is None:
+        layers = torch.linspace(0, len(src_layers) - 1, num_layers).round().long().tolist()
+    bad = [i for i in layers if not 0 <= i < len(src_layers)]
+    if not layers or bad:
+        raise ValueError(f"layers must be indices into the verifier's {len(src_layers)} layers, got {list(layers)}")
+    config = LlamaConfig(**{**vconf.to_dict(), "vocab_size": vocab + 1, "num_hidden_layers": len(layers)})
     config.tie_word_embeddings = bool(getattr(vconf, "tie_word_embeddings", False))
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(next(verifier.parameters()).dtype)
-    src_layers = verifier.model.layers
-    picks = torch.linspace(0, len(src_layers) - 1, num_layers).round().long().tolist()
     with torch.no_grad():
-        for dst, i in zip(model.model.layers, picks):
+        for dst, i in zip(model.model.layers, layers):
             dst.load_state_dict(src_layers[i].state_dict())
         model.model.norm.load_state_dict(verifier.model.norm.state_dict())
         emb = verifier.get_input_embeddings().weight
@@ -263,7 +346,8 @@ def drafter_from_verifier(
             model.lm_head.weight[:vocab] = head
             model.lm_head.weight[vocab] = 0
     return HFDiffusionDrafter(
-        model, DrafterConfig(mask_token_id=vocab, vocab_size=vocab, shifted_logits=shifted_logits)
+        model,
+        DrafterConfig(mask_token_id=vocab, vocab_size=vocab, shifted_logits=shifted_logits, causal_prefix=causal_prefix),
     )
 
 

@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..config import SamplingParams
+from ..models import DEFAULT_VERIFIER
 
 
 class Section(BaseModel):
@@ -44,7 +45,8 @@ class RaySection(Section):
 
 
 class VerifierSection(Section):
-    path: str = Field(..., description="Hugging Face model folder of the frozen verifier (teacher).")
+    path: str = Field(..., description="Hugging Face model folder of the frozen verifier (teacher), or "
+                      "`smollm2-135m-instruct` (the embedded default, converted once into the state directory).")
     name: str | None = Field(None, description="Verifier name recorded with the drafter; default: folder name.")
     version: str = Field("unversioned", description="Verifier version recorded with the drafter.")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Verifier dtype (teacher and eval).")
@@ -85,6 +87,10 @@ class DrafterSection(Section):
         "load_drafter(path).")
     path: str | None = Field(None, description="Drafter folder for init=pretrained.")
     num_layers: int = Field(2, ge=1, description="Layers (from_verifier, small).")
+    layers: list[int] | None = Field(None, description="from_verifier: which verifier layers to inherit (default: "
+                                     "`num_layers` evenly spaced).")
+    causal_prefix: bool = Field(False, description="Block attention: the prefix attends causally (as in the "
+                                "verifier, and cacheable across rounds), the masked window bidirectionally.")
     hidden_size: int = Field(256, ge=8, description="Hidden size (small).")
     num_heads: int = Field(4, ge=1, description="Attention heads (small).")
     max_context: int | None = Field(None, ge=2, description="Drafter context bound (last N tokens).")
@@ -97,6 +103,11 @@ class ObjectiveSection(Section):
     temperature: float = Field(1.0, gt=0, description="Drafter sampling temperature the objective is taken at.")
     windows_per_sample: int = Field(2, ge=1, description="Windows cut per teacher completion.")
     divergence: Literal["fkl", "tvd"] = Field("fkl", description="ar_distill divergence.")
+    prefix_ar_weight: float = Field(0.0, ge=0, description="Weight of an auxiliary next-token loss on the "
+                                    "block-causal prefix rows (drafter.causal_prefix): every prefix position is an "
+                                    "AR prediction, so the first window position learns from far more tokens.")
+    prefix_ar_positions: int = Field(16, ge=1, description="Prefix positions (the last ones before the window) "
+                                     "the auxiliary loss reads; each costs one LM-head row.")
 
 
 class LoraSection(Section):
@@ -118,6 +129,8 @@ class TrainSection(Section):
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="After warm-up.")
     grad_clip: float | None = Field(1.0, gt=0, description="Max gradient norm (None: off).")
+    freeze_embeddings: bool = Field(False, description="Keep the inherited token embeddings (and a tied LM head) "
+                                    "fixed; the appended mask-token row still trains.")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 autocast on a GPU that "
                                                        "supports it, else fp32.")
     lora: LoraSection = LoraSection()
@@ -137,6 +150,8 @@ class EvalSection(Section):
     offsets: list[int] = Field([0, 8], description="Window offsets into each held-out completion.")
     num_candidates: int = Field(1, ge=1, description="K candidates per window (self-selection).")
     draft_temperature: float = Field(0.0, ge=0, description="Candidate sampling temperature (0: argmax).")
+    temperature: float | None = Field(None, ge=0, description="Verifier temperature the acceptance is measured at "
+                                      "(0: greedy decoding); None: the teacher's sampling settings.")
 
 
 class TrackingSection(Section):
@@ -177,6 +192,13 @@ class DistillConfig(Section):
             raise ValueError(f"teacher.logprobs_k must be >= 1 for objective.kind='ar_distill', got {t.logprobs_k}")
         if self.train.lora.enabled and self.drafter.init == "small":
             raise ValueError("train.lora.enabled needs drafter.init 'from_verifier' or 'pretrained', got 'small'")
+        if self.objective.prefix_ar_weight > 0 and not self.drafter.causal_prefix and self.drafter.init != "pretrained":
+            raise ValueError("objective.prefix_ar_weight needs drafter.causal_prefix true, got false")
+        if self.train.freeze_embeddings and self.train.weight_decay:
+            raise ValueError(f"train.freeze_embeddings needs train.weight_decay 0 (decay would move the frozen "
+                             f"rows), got {self.train.weight_decay}")
+        if self.drafter.layers is not None and self.drafter.init != "from_verifier":
+            raise ValueError(f"drafter.layers needs drafter.init 'from_verifier', got {self.drafter.init!r}")
         if self.drafter.init == "pretrained" and not self.drafter.path:
             raise ValueError("drafter.path must be set for drafter.init='pretrained', got None")
         bad = [x for x in self.eval.offsets if not 0 <= x < t.max_new_tokens]
@@ -187,13 +209,19 @@ class DistillConfig(Section):
         self.teacher.sampling()  # SamplingParams' own checks
         return self
 
+    def eval_sampling(self) -> SamplingParams:
+        """The verifier's sampling settings that held-out acceptance is measured at."""
+        if self.eval.temperature is None:
+            return self.teacher.sampling()
+        return SamplingParams(temperature=self.eval.temperature)
+
     def check_paths(self) -> None:
         """Inputs must exist before any work starts (trajectory folders too)."""
         paths = {"verifier.path": self.verifier.path, "data.heldout": self.data.heldout,
                  "data.prompts": self.data.prompts, "data.trajectories": self.data.trajectories,
                  "drafter.path": self.drafter.path if self.drafter.init == "pretrained" else None}
         for field, value in paths.items():
-            if value is not None and "://" not in value and not Path(value).exists():
+            if value is not None and "://" not in value and value != DEFAULT_VERIFIER and not Path(value).exists():
                 raise ValueError(f"{field} must be an existing path, got {value!r}")
 
 

@@ -18,6 +18,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..models import resolve_model_path
 from .config import DistillConfig, parse_config
 from .teacher import VerifierRecord, read_records, teacher_dataset, verifier_record
 from .train import DRAFTER_DIR, STATE, train_loop
@@ -40,6 +41,7 @@ class DistillSummary:
 def absolutize(cfg: DistillConfig) -> DistillConfig:
     """Resolve relative local paths against the driver's working directory (workers run elsewhere)."""
     tree = cfg.model_dump(mode="json")
+    tree["verifier"]["path"] = resolve_model_path(tree["verifier"]["path"])  # the embedded default's folder
     for dotted in LOCAL_FIELDS:
         section, key = dotted.split(".")
         value = tree[section][key]

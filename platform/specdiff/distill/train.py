@@ -28,8 +28,9 @@ from ..drafter import (
     drafter_from_verifier,
     load_drafter,
     save_drafter,
+    window_from_outputs,
     window_inputs,
-    window_logits,
+    window_outputs,
 )
 from ..hf import HFModel
 from ..objectives import ar_distill_loss, mask_window, masked_diffusion_loss, naive_window_loss, streak_loss
@@ -50,14 +51,28 @@ def build_drafter(cfg: DistillConfig, verifier_model: torch.nn.Module | None) ->
     if d.init == "pretrained":
         drafter = load_drafter(d.path)
     elif d.init == "from_verifier":
-        drafter = drafter_from_verifier(verifier_model, num_layers=d.num_layers, seed=cfg.run.seed)
+        drafter = drafter_from_verifier(verifier_model, num_layers=d.num_layers, layers=d.layers,
+                                        causal_prefix=d.causal_prefix, seed=cfg.run.seed)
     else:
         vocab = int(verifier_model.get_output_embeddings().weight.shape[0])
         drafter = build_small_drafter(vocab, hidden_size=d.hidden_size, num_layers=d.num_layers,
                                       num_heads=d.num_heads, seed=cfg.run.seed)
-    if d.max_context is not None:
-        drafter = HFDiffusionDrafter(drafter.model, replace(drafter.config, max_context=d.max_context))
+    if d.max_context is not None or d.causal_prefix != drafter.config.causal_prefix:
+        drafter = HFDiffusionDrafter(drafter.model, replace(drafter.config, max_context=d.max_context or
+                                                            drafter.config.max_context, causal_prefix=d.causal_prefix))
     return drafter
+
+
+def freeze_vocabulary_rows(model: torch.nn.Module, vocab_size: int) -> None:
+    """Zero the gradient of the first ``vocab_size`` rows of the input embeddings and the LM head (the same tensor
+    when tied): inherited token vectors stay fixed, appended rows (the mask token) still train. With zero
+    gradients from the start, AdamW (weight decay 0) leaves those rows exactly unchanged."""
+    weights = {id(m.weight): m.weight for m in (model.get_input_embeddings(), model.get_output_embeddings())
+               if m is not None}
+    for weight in weights.values():
+        keep = torch.ones(weight.shape[0], 1, dtype=weight.dtype, device=weight.device)
+        keep[:vocab_size] = 0
+        weight.register_hook(lambda grad, keep=keep: grad * keep)
 
 
 def apply_lora(model: torch.nn.Module, lora) -> torch.nn.Module:
@@ -85,18 +100,42 @@ def window_loss(hf: HFModel, drafter: HFDiffusionDrafter, cfg: DistillConfig, ba
                 generator: torch.Generator) -> torch.Tensor:
     """The configured objective on one batch of windows (gradients flow through ``hf``)."""
     o, dcfg = cfg.objective, drafter.config
+    extra = o.prefix_ar_positions if o.prefix_ar_weight > 0 else 0
+    if extra and not (dcfg.causal_prefix and dcfg.shifted_logits):
+        raise ValueError("objective.prefix_ar_weight needs a drafter with causal_prefix and shifted_logits, got "
+                         f"causal_prefix={dcfg.causal_prefix}, shifted_logits={dcfg.shifted_logits}")
     if o.kind == "mdm":
         noisy, masked, t = mask_window(batch.labels, dcfg.mask_token_id, generator)
-        logits = window_logits(hf, window_inputs(batch.prefixes, noisy, dcfg.mask_token_id), dcfg, grad=True)
-        return masked_diffusion_loss(logits, batch.labels.to(logits.device), masked.to(logits.device), t)
-    logits = window_logits(hf, window_inputs(batch.prefixes, o.gamma, dcfg.mask_token_id), dcfg, grad=True)
+        inputs = window_inputs(batch.prefixes, noisy, dcfg.mask_token_id)
+    else:
+        inputs = window_inputs(batch.prefixes, o.gamma, dcfg.mask_token_id)
+    outputs = window_outputs(hf, inputs, dcfg, grad=True, prefix_outputs=extra)
+    logits = window_from_outputs(outputs[:, extra:], dcfg)
     labels = batch.labels.to(logits.device)
-    if o.kind == "streak":
-        return streak_loss(logits, labels, o.temperature)
-    if o.kind == "naive":
-        return naive_window_loss(logits, labels, o.temperature)
-    return ar_distill_loss(logits[:, 0], batch.teacher_ids.to(logits.device),
-                           batch.teacher_logprobs.to(logits.device), o.divergence, o.temperature)
+    if o.kind == "mdm":
+        loss = masked_diffusion_loss(logits, labels, masked.to(logits.device), t)
+    elif o.kind == "streak":
+        loss = streak_loss(logits, labels, o.temperature)
+    elif o.kind == "naive":
+        loss = naive_window_loss(logits, labels, o.temperature)
+    else:
+        loss = ar_distill_loss(logits[:, 0], batch.teacher_ids.to(logits.device),
+                               batch.teacher_logprobs.to(logits.device), o.divergence, o.temperature)
+    if extra:
+        loss = loss + o.prefix_ar_weight * prefix_ar_loss(outputs[:, :extra], inputs, dcfg)
+    return loss
+
+
+def prefix_ar_loss(outputs: torch.Tensor, inputs, config) -> torch.Tensor:
+    """Next-token cross-entropy of the block-causal prefix rows: outputs [B, M, V'] at the M positions before the
+    last prefix token predict the last M prefix tokens (left padding excluded)."""
+    m, length = outputs.shape[1], inputs.ids.shape[1]
+    end = length - inputs.gamma  # first window column
+    targets = inputs.ids[:, end - m : end].to(outputs.device)
+    valid = inputs.valid[:, end - m - 1 : end - 1].to(outputs.device)
+    logp = outputs[..., : config.vocab_size].float().log_softmax(-1)
+    nll = -logp.gather(-1, targets[..., None].clamp_max(config.vocab_size - 1)).squeeze(-1)
+    return (nll * valid).sum() / valid.sum().clamp_min(1)
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -154,6 +193,8 @@ def train_loop(loop_config: dict) -> None:
         verifier_model = None  # only rank 0 evaluates
     model = apply_lora(drafter.model, t.lora) if t.lora.enabled else drafter.model
     model.to(device)
+    if t.freeze_embeddings:
+        freeze_vocabulary_rows(drafter.model, drafter.config.vocab_size)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -195,7 +236,7 @@ def train_loop(loop_config: dict) -> None:
             return {}
         began = time.perf_counter()
         result = evaluate_drafter(
-            eval_model, drafter.config, verifier, heldout, o.gamma, cfg.teacher.sampling(),
+            eval_model, drafter.config, verifier, heldout, o.gamma, cfg.eval_sampling(),
             num_candidates=cfg.eval.num_candidates, draft_temperature=cfg.eval.draft_temperature,
             generator=torch.Generator().manual_seed(cfg.run.seed),
         )
