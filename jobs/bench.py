@@ -1,6 +1,7 @@
 """Benchmark: plain decoding vs HF assisted generation vs specdiff drafters, measured side by side in ONE process.
 
     python jobs/bench.py --drafter streak=DIR [--drafter ar_distill=DIR ...] [--ar-drafter DIR] [--quick]
+    python jobs/bench.py --built     # the drafters of `jobs/build_drafter.py --ablations` (the paper's ablation)
 
 Same prompts (evaluation splits), same verifier, same dtype, same max tokens for every method; for each prompt
 all methods run back to back, so machine noise hits them alike. Speed-ups are ratios of tokens/s measured in this
@@ -52,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--verifier", default=DEFAULT_VERIFIER)
     p.add_argument("--drafter", action="append", default=[], metavar="NAME=DIR", help="a specdiff drafter (repeat)")
     p.add_argument("--ar-drafter", default=None, help="small causal LM for HF assisted generation (iso-cost control)")
+    p.add_argument("--built", action="store_true", help="bench the drafters built by `jobs/build_drafter.py "
+                   "--ablations`: streak (the default), ar_distill, naive, unaligned, and the AR drafter")
     p.add_argument("--sweep", default=None, help="drafter NAME swept over K x draft temperature (default: first)")
     p.add_argument("--domains", nargs="+", default=["code", "math", "chat"])
     p.add_argument("--prompts-per-domain", type=int, default=5)
@@ -77,6 +80,15 @@ def parse_args(argv=None):
         if not sep or not name or not path:
             p.error(f"--drafter must be NAME=DIR, got {item!r}")
         drafters[name] = path
+    if args.built:
+        built = state_dir() / "drafters"
+        found = {"streak": built / "default", "ar_distill": built / "smollm2-ar_distill",
+                 "naive": built / "smollm2-naive", "unaligned": built / "smollm2-mdm"}
+        missing = [str(d) for d in [*found.values(), built / "smollm2-ar"] if not d.is_dir()]
+        if missing:
+            p.error(f"--built needs `python jobs/build_drafter.py --ablations` first; missing {missing}")
+        drafters = {**{k: str(v) for k, v in found.items()}, **drafters}
+        args.ar_drafter = args.ar_drafter or str(built / "smollm2-ar")
     args.drafters = drafters
     if args.sweep is not None and args.sweep not in drafters:
         p.error(f"--sweep must name a --drafter, got {args.sweep!r} (have {sorted(drafters)})")
@@ -170,6 +182,8 @@ def main(argv=None) -> int:
                 done += 1
             print(f"[bench] {done}/{total} runs, {time.perf_counter() - t_start:.0f} s", flush=True)
     report = build_report(args, methods, tallies)
+    report["targets"] = targets(report["rows"], args.gamma)
+    report["table"] += "\n" + targets_table(report["targets"])
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
     (out_dir / "bench.md").write_text(report["table"])
     plot_alpha(report, out_dir / "alpha.png")
@@ -203,6 +217,48 @@ def build_report(args, methods: list[Method], tallies) -> dict:
                      f"{row['verifier_ms_per_call']:.1f} |")
     config = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, dict, type(None)))}
     return {"config": config, "rows": rows, "table": "\n".join(lines) + "\n"}
+
+
+def targets(rows: list[dict], gamma: int, domains=("code", "math")) -> list[dict]:
+    """Issue #4's targets at T=0 on code and math, each a ratio of numbers measured in this run."""
+    out = []
+    for domain in domains:
+        mine = [r for r in rows if r["domain"] == domain and r["temperature"] == 0]
+        streak = [r for r in mine if r["drafter"] == "streak"]
+        if not streak:
+            continue
+        best = max(streak, key=lambda r: r["speedup"])
+        where = f"{domain}, streak K={best['k']} Td={best['draft_temperature']:g}"
+        out.append({"target": f"{where}: speed-up vs plain", "value": best["speedup"], "goal": 2.0})
+        assisted = next((r for r in mine if r["kind"] == "assisted"), None)
+        if assisted and assisted["speedup"]:
+            out.append({"target": f"{where}: speed-up / HF assisted speed-up", "goal": 1.3,
+                        "value": best["speedup"] / assisted["speedup"]})
+        ar = next((r for r in mine if r["drafter"] == "ar_distill" and r["k"] == best["k"]
+                   and r["draft_temperature"] == best["draft_temperature"]), None) or next(
+            (r for r in mine if r["drafter"] == "ar_distill"), None)
+        same = next((r for r in streak if ar and r["k"] == ar["k"] and r["draft_temperature"] == ar["draft_temperature"]),
+                    None)
+        if ar and same:
+            out.append({"target": f"{domain}: streak tau / ar_distill tau (K={ar['k']})", "goal": 1.25,
+                        "value": same["tau"] / ar["tau"] if ar["tau"] else 0.0})
+            late = lambda r: sum(r["alpha"][gamma // 2:]) / max(1, len(r["alpha"][gamma // 2:]))  # noqa: E731
+            out.append({"target": f"{domain}: streak / ar_distill mean alpha_j, j > gamma/2", "goal": 2.0,
+                        "value": late(same) / late(ar) if late(ar) else float("inf") if late(same) else 0.0})
+        td = best["draft_temperature"]
+        k1 = next((r for r in streak if r["k"] == 1 and r["draft_temperature"] == td), None)
+        k8 = next((r for r in streak if r["k"] == 8 and r["draft_temperature"] == td), None)
+        if k1 and k8 and k1["tau"]:
+            out.append({"target": f"{domain}: tau K=8 / K=1 at Td={td:g}", "value": k8["tau"] / k1["tau"], "goal": 1.1})
+    for t in out:
+        t["met"] = bool(t["value"] >= t["goal"])
+    return out
+
+
+def targets_table(rows: list[dict]) -> str:
+    lines = ["| target (T=0) | measured | goal | met |", "|---|---|---|---|"]
+    lines += [f"| {t['target']} | {t['value']:.2f} | {t['goal']:.2f} | {'yes' if t['met'] else 'no'} |" for t in rows]
+    return "\n".join(lines) + "\n"
 
 
 def plot_alpha(report: dict, path: Path) -> None:

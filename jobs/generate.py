@@ -2,11 +2,11 @@
 
     python jobs/generate.py --prompt "Write a Python function that checks whether a number is prime."
 
-Defaults: the embedded SmolLM2-135M-Instruct verifier, bfloat16, greedy decoding (T=0), gamma=8, K=4. The drafter
-is ``--drafter DIR`` (a directory written by ``jobs/distill.py`` / ``save_drafter``), else the default drafter in
-the state directory if one has been built, else an UNTRAINED drafter built from the verifier's layers (expect
-tau near 1 and a slowdown; align one with ``jobs/distill.py``). At T=0 the script checks that both outputs are
-identical.
+Defaults: the embedded SmolLM2-135M-Instruct verifier, bfloat16, greedy decoding (T=0). The drafter is
+``--drafter DIR`` (a directory written by ``jobs/distill.py`` / ``save_drafter``), else the default drafter in the
+state directory, which the first run builds with ``jobs/build_drafter.py`` (about 15 minutes on 2 cores, with a
+progress display; later runs start in seconds). ``--untrained`` skips that and drafts with verifier layers that were
+never aligned (expect tau near 1 and a slowdown). At T=0 the script checks that both outputs are identical.
 """
 
 from __future__ import annotations
@@ -27,14 +27,17 @@ from specdiff import (
     generate_plain,
     load_drafter,
 )
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm, parse_dtype, state_dir
+from specdiff.models import DEFAULT_VERIFIER, load_causal_lm, parse_dtype
+
+from build_drafter import build_default  # jobs/ is on sys.path when this script runs
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.")
     p.add_argument("--verifier", default=DEFAULT_VERIFIER, help="embedded default, local folder or HF model id")
-    p.add_argument("--drafter", default=None, help="drafter directory (default: the built default, else untrained)")
+    p.add_argument("--drafter", default=None, help="drafter directory (default: the default drafter, built if missing)")
+    p.add_argument("--untrained", action="store_true", help="draft with unaligned verifier layers (no build)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt raw instead of through the chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=int, default=8, help="window: drafted positions per round")
@@ -55,14 +58,20 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     model, tokenizer = load_causal_lm(args.verifier, dtype)
     verifier = HFVerifier(model)
-    default_drafter = state_dir() / "drafters" / "default"
-    drafter_dir = Path(args.drafter) if args.drafter else default_drafter if default_drafter.is_dir() else None
-    if drafter_dir is not None:
+    if args.untrained:
+        drafter = drafter_from_verifier(model, num_layers=2, causal_prefix=True)
+        drafter_name = "untrained (2 verifier layers) - align one with jobs/build_drafter.py or jobs/distill.py"
+    else:
+        if args.drafter:
+            drafter_dir = Path(args.drafter)
+        elif args.verifier == DEFAULT_VERIFIER:
+            drafter_dir = build_default()  # returns at once when it exists
+        else:
+            print(f"error: --drafter is required for verifier {args.verifier!r} (the default drafter is aligned to "
+                  f"{DEFAULT_VERIFIER}); align one with jobs/distill.py, or pass --untrained", file=sys.stderr)
+            return 2
         drafter = load_drafter(drafter_dir, dtype=dtype)
         drafter_name = str(drafter_dir)
-    else:
-        drafter = drafter_from_verifier(model, num_layers=2)
-        drafter_name = "untrained (2 verifier layers, bidirectional) - align one with jobs/distill.py"
     print(f"verifier: {args.verifier}  drafter: {drafter_name}  dtype: {args.dtype}  (loaded in "
           f"{time.perf_counter() - t0:.1f} s)")
 

@@ -169,3 +169,76 @@ def test_verifier_record_digest_changes_with_weights(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="verifier.path must hold model weights"):
         verifier_record(tmp_path / "empty")
+
+
+def test_prefix_ar_loss_is_the_causal_next_token_loss(verifier_model):
+    from specdiff.distill.train import prefix_ar_loss
+    from specdiff.drafter import window_inputs, window_outputs
+
+    drafter = drafter_from_verifier(verifier_model, num_layers=2, causal_prefix=True)
+    prefixes = [list(range(3, 15)), [5, 6, 7]]  # the second is shorter than M + 1: its left padding is excluded
+    m = 6
+    inputs = window_inputs(prefixes, 4, drafter.config.mask_token_id)
+    hf = HFModel(drafter.model)
+    outputs = window_outputs(hf, inputs, drafter.config, grad=False, prefix_outputs=m)
+    got = prefix_ar_loss(outputs[:, :m], inputs, drafter.config)
+    nll = []
+    for p in prefixes:  # a plain causal pass over the prefix alone: block attention must not leak the window
+        logp = drafter.model(torch.tensor([p])).logits[0, :-1, :V].float().log_softmax(-1)
+        nll += [-logp[i, p[i + 1]] for i in range(max(0, len(p) - 1 - m), len(p) - 1)]
+    torch.testing.assert_close(got, torch.stack(nll).mean(), atol=1e-5, rtol=1e-4)
+
+
+def test_freeze_embeddings_keeps_vocabulary_rows_and_trains_the_mask_row(verifier_model):
+    from specdiff.distill.train import freeze_vocabulary_rows
+
+    cfg = parse_config(base_config(objective={"kind": "mdm", "gamma": 4}, teacher={"max_new_tokens": 8},
+                                   drafter={"causal_prefix": True}, train={"freeze_embeddings": True}))
+    drafter = drafter_from_verifier(verifier_model, num_layers=1, causal_prefix=True)
+    freeze_vocabulary_rows(drafter.model, V)
+    before = drafter.model.model.embed_tokens.weight.detach().clone()
+    opt = torch.optim.AdamW(drafter.model.parameters(), lr=1e-2, weight_decay=0.0)
+    records = {"prompt_ids": PROMPTS, "completion_ids": [list(range(20, 28))] * 3,
+               "topk_ids": [[[]] * 8] * 3, "topk_logprobs": [[[]] * 8] * 3}
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        loss = window_loss(HFModel(drafter.model), drafter, cfg, cut_windows(records, 4, 2, None, gen), gen)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = drafter.model.model.embed_tokens.weight.detach()
+    assert torch.equal(after[:V], before[:V])
+    assert not torch.equal(after[V], before[V])  # the mask token's row learns
+
+
+def test_ar_drafter_inherits_layers_trains_and_assists_hf_generate(verifier_model):
+    from specdiff.distill.ar import ar_drafter_from_verifier, completion_nll, train_ar_drafter
+
+    ar = ar_drafter_from_verifier(verifier_model, [1])
+    torch.testing.assert_close(ar.model.layers[0].mlp.up_proj.weight, verifier_model.model.layers[1].mlp.up_proj.weight)
+    assert ar.config.vocab_size == verifier_model.config.vocab_size
+    records = [{"prompt_ids": p, "completion_ids": list(range(20, 28))} for p in PROMPTS]
+    with torch.no_grad():
+        before = float(completion_nll(ar, records))
+    train_ar_drafter(ar, records, steps=30, batch_size=3, lr=1e-2, warmup_steps=2)
+    with torch.no_grad():
+        assert float(completion_nll(ar, records)) < before - 1.0
+        prompt = torch.tensor([[1, 2, 3]])
+        plain = verifier_model.generate(prompt, do_sample=False, max_new_tokens=10)
+        assisted = verifier_model.generate(prompt, do_sample=False, max_new_tokens=10, assistant_model=ar)
+    assert torch.equal(plain, assisted)
+    with pytest.raises(ValueError, match="layers must be indices"):
+        ar_drafter_from_verifier(verifier_model, [5])
+
+
+def test_prefix_ar_weight_trains_with_prefixes_shorter_than_its_rows(verifier_model):
+    cfg = parse_config(base_config(objective={"kind": "streak", "gamma": 4, "prefix_ar_weight": 1.0,
+                                              "prefix_ar_positions": 16},
+                                   teacher={"max_new_tokens": 8}, drafter={"causal_prefix": True}))
+    drafter = drafter_from_verifier(verifier_model, num_layers=1, causal_prefix=True)
+    batch = cut_windows({"prompt_ids": [[1], [2, 3]], "completion_ids": [list(range(20, 28))] * 2,
+                         "topk_ids": [[[]] * 8] * 2, "topk_logprobs": [[[]] * 8] * 2}, 4, 1, None, None)
+    gen = torch.Generator().manual_seed(0)
+    loss = window_loss(HFModel(drafter.model), drafter, cfg, batch, gen)
+    plain = parse_config(base_config(objective={"kind": "streak", "gamma": 4}, teacher={"max_new_tokens": 8}))
+    assert torch.isfinite(loss) and float(loss) > float(window_loss(HFModel(drafter.model), drafter, plain, batch, gen))

@@ -55,7 +55,8 @@ class VerifierSection(Section):
 class DataSection(Section):
     prompts: str | None = Field(None, description="Training prompts: .jsonl/.json or .parquet with a "
                                 "`prompt_ids` (list of ints) or `prompt` (text, needs a tokenizer) column.")
-    heldout: str = Field(..., description="Held-out prompts for evaluation, same format.")
+    heldout: str = Field(..., description="Held-out prompts for evaluation, same format; a file that already holds "
+                         "trajectories (a `completion_ids` column) is used as is, without running the teacher.")
     trajectories: str | None = Field(None, description="Reuse teacher trajectories written earlier "
                                      "(teacher.save_to); the teacher is then not run for training data.")
     max_prompt_tokens: int = Field(256, ge=1, description="Keep the last N tokens of each prompt.")

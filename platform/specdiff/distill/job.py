@@ -81,7 +81,11 @@ def run(cfg: DistillConfig) -> DistillSummary:
     init_ray(cfg)
     ray.data.DataContext.get_current().enable_progress_bars = True
 
-    heldout = teacher_dataset(read_records(cfg.data.heldout, cfg.data.read_cpus), record, cfg).take_all()
+    heldout_ds = read_records(cfg.data.heldout, cfg.data.read_cpus)
+    if "completion_ids" in heldout_ds.schema().names:  # trajectories already (e.g. written by the teacher once)
+        heldout = heldout_ds.take_all()
+    else:
+        heldout = teacher_dataset(heldout_ds, record, cfg).take_all()
     prefixes = heldout_prefixes(heldout, cfg.eval.offsets)
     print(f"[distill] teacher: {len(heldout)} held-out trajectories -> {len(prefixes)} eval windows", flush=True)
     train_ds = training_trajectories(cfg, record)

@@ -109,6 +109,7 @@ def window_loss(hf: HFModel, drafter: HFDiffusionDrafter, cfg: DistillConfig, ba
         inputs = window_inputs(batch.prefixes, noisy, dcfg.mask_token_id)
     else:
         inputs = window_inputs(batch.prefixes, o.gamma, dcfg.mask_token_id)
+    extra = max(0, min(extra, inputs.ids.shape[1] - inputs.gamma - 1))  # rows that exist before the window
     outputs = window_outputs(hf, inputs, dcfg, grad=True, prefix_outputs=extra)
     logits = window_from_outputs(outputs[:, extra:], dcfg)
     labels = batch.labels.to(logits.device)

@@ -1,0 +1,242 @@
+"""Build the embedded default drafter for SmolLM2-135M-Instruct with the project's own pipeline.
+
+    python jobs/build_drafter.py               # the default drafter -> $SPECDIFF_HOME/drafters/default
+    python jobs/build_drafter.py --ablations   # + AR-distilled, naive-window and HF-assisted AR drafters (bench)
+    python jobs/build_drafter.py --force       # rebuild even if a drafter is there
+
+Recipe (configs in jobs/configs/, each stage one `jobs/distill.py` run on a local Ray):
+  1. teacher: the frozen verifier samples completions for the training prompts (specdiff.prompts: code, math,
+     chat train splits), written once to parquet and reused by every later stage;
+  2. smollm2-mdm.yaml: masked-diffusion pretraining of a drafter made of verifier layers (block attention);
+  3. smollm2-streak.yaml: streak-distillation (SpecDiff-2 Eq. 6) from stage 2.
+With --ablations, stage 3 is repeated from the same stage-2 drafter with objective.kind=ar_distill and naive, and
+an AR drafter of the same layers is trained on the same trajectories for HF assisted generation.
+Work files and logs live in $SPECDIFF_HOME/build/smollm2; an interrupted build resumes from the last checkpoint.
+SPECDIFF_BUILD_QUICK=1 shrinks every stage to a few steps on a few prompts (CI smoke tests of this pipeline; the
+drafter it makes is not useful).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from specdiff.models import DEFAULT_VERIFIER, state_dir
+
+JOBS = Path(__file__).resolve().parent
+CONFIGS = JOBS / "configs"
+ABLATIONS = ("ar_distill", "naive")
+STEP = re.compile(r"\[distill\] step (\d+)/(\d+) loss ([0-9.]+)")
+EVAL = re.compile(r"\[distill\] eval step (\d+): expected streak ([0-9.]+)")
+QUICK_SET = ["train.steps=3", "eval.every=3", "train.checkpoint_every=3", "teacher.max_new_tokens=12",
+             "eval.offsets=[0]", "data.max_prompt_tokens=48"]
+
+
+def quick() -> bool:
+    return os.environ.get("SPECDIFF_BUILD_QUICK") == "1"
+
+
+def drafters_dir() -> Path:
+    return state_dir() / "drafters"
+
+
+def default_drafter_dir() -> Path:
+    return drafters_dir() / "default"
+
+
+def work_dir() -> Path:
+    return state_dir() / "build" / "smollm2"
+
+
+def write_prompts(work: Path) -> tuple[Path, Path]:
+    """Chat-templated prompt ids of the train splits, and greedy teacher trajectories of the held-out prompts (the
+    splits are disjoint by construction, see specdiff.prompts). Held-out trajectories are sampled here, once, so no
+    stage has to start a teacher actor for 16 prompts."""
+    import torch
+
+    from specdiff import SamplingParams
+    from specdiff.distill.teacher import sample_completions
+    from specdiff.hf import HFModel
+    from specdiff.models import load_causal_lm
+    from specdiff.prompts import DOMAINS, chat_prompt_ids, load_prompts
+
+    model, tokenizer = load_causal_lm(DEFAULT_VERIFIER, torch.bfloat16)
+    limits = {"train": {"code": None, "math": 160, "chat": None}, "eval": {"code": 6, "math": 6, "chat": 4}}
+    if quick():
+        limits = {split: dict.fromkeys(DOMAINS, 2) for split in limits}
+    rows = {split: [{"domain": d, "prompt_ids": chat_prompt_ids(tokenizer, text)} for d in DOMAINS
+                    for text in load_prompts(d, split, limits[split][d])] for split in limits}
+    mdm = yaml.safe_load((CONFIGS / "smollm2-mdm.yaml").read_text())
+    new_tokens = 12 if quick() else mdm["teacher"]["max_new_tokens"]
+    prompts = [r["prompt_ids"][-mdm["data"]["max_prompt_tokens"]:] for r in rows["eval"]]
+    completions, _, _ = sample_completions(HFModel(model), prompts, new_tokens, SamplingParams(0.0), 0, None)
+    for r, p, c in zip(rows["eval"], prompts, completions.tolist()):
+        r.update(prompt_ids=p, completion_ids=c)
+    paths = []
+    for split, name in (("train", "prompts.jsonl"), ("eval", "heldout.jsonl")):
+        path = work / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows[split]))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def run_stage(label: str, config: Path, overrides: list[str], log: Path) -> dict:
+    """One ``jobs/distill.py`` run in a subprocess; its log goes to ``log``, its steps to a progress bar."""
+    from tqdm import tqdm
+
+    cmd = [sys.executable, str(JOBS / "distill.py"), "--config", str(config)]
+    for item in overrides:
+        cmd += ["--set", item]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    began = time.perf_counter()
+    summary: dict = {}
+    seen = set()  # Ray may echo a worker's line twice
+    with log.open("a") as out, tqdm(total=None, desc=label, unit="step", dynamic_ncols=True) as bar:
+        bar.set_postfix_str("starting Ray, teacher / held-out trajectories")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for line in proc.stdout:
+            out.write(line)
+            if m := STEP.search(line):
+                bar.total = int(m.group(2))
+                bar.n = int(m.group(1))
+                bar.set_postfix_str(f"loss {float(m.group(3)):.3f}")
+                bar.refresh()
+            elif (m := EVAL.search(line)) and m.group(0) not in seen:
+                seen.add(m.group(0))
+                bar.write(f"  {label}: held-out expected streak {float(m.group(2)):.3f} at step {m.group(1)}")
+            elif line.startswith("[distill] {"):
+                summary = json.loads(line.removeprefix("[distill] "))
+        code = proc.wait()
+    if code != 0 or not summary.get("finished"):
+        raise RuntimeError(f"{label} failed (exit code {code}); see the log {log}")
+    summary["wall_s"] = round(time.perf_counter() - began, 1)
+    return summary
+
+
+def distill(label: str, config: str, work: Path, name: str, extra: list[str]) -> dict:
+    trajectories = work / "trajectories"
+    data = ([f"data.trajectories={trajectories}"] if trajectories.is_dir()
+            else [f"data.prompts={work / 'prompts.jsonl'}", f"teacher.save_to={trajectories}"])
+    overrides = [f"data.heldout={work / 'heldout.jsonl'}", f"run.name={name}",
+                 f"run.storage_path={work / 'ray_results'}", f"run.output_dir={work / name}", *data, *extra,
+                 *(QUICK_SET if quick() else [])]
+    return run_stage(label, CONFIGS / config, overrides, work / f"{name}.log")
+
+
+def publish(src: Path, dst: Path, record: dict) -> Path:
+    """Copy a finished drafter into the drafters folder atomically (a crash never leaves half a drafter)."""
+    partial = dst.with_name(dst.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(src, partial)
+    (partial / "build.json").write_text(json.dumps(record, indent=2, sort_keys=True))
+    shutil.rmtree(dst, ignore_errors=True)
+    partial.rename(dst)
+    return dst
+
+
+def build_default(force: bool = False) -> Path:
+    """The default drafter folder, built first if missing (about 15 minutes on 2 CPU cores)."""
+    target = default_drafter_dir()
+    if target.is_dir() and not force:
+        return target
+    work = work_dir()
+    if force:
+        shutil.rmtree(work / "ray_results", ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    print(f"building the default drafter for {DEFAULT_VERIFIER} (once; logs in {work})", flush=True)
+    write_prompts(work)
+    mdm = distill("1/2 masked-diffusion pretraining", "smollm2-mdm.yaml", work, "mdm", [])
+    streak = distill("2/2 streak-distillation", "smollm2-streak.yaml", work, "streak",
+                     [f"drafter.path={work / 'mdm'}"])
+    record = {"recipe": ["jobs/configs/smollm2-mdm.yaml", "jobs/configs/smollm2-streak.yaml"],
+              "stages": {"mdm": mdm, "streak": streak}, "wall_s": round(time.perf_counter() - began, 1)}
+    publish(work / "streak", target, record)
+    print(f"default drafter ready in {record['wall_s'] / 60:.1f} min: {target} (held-out expected streak "
+          f"{mdm.get('initial_expected_streak') or 0:.3f} -> {streak.get('expected_streak') or 0:.3f})", flush=True)
+    return target
+
+
+def build_ablations(force: bool = False) -> dict[str, Path]:
+    """The stage-1 drafter (unaligned), AR-distilled and naive-window drafters trained from it like the default, and
+    the HF-assisted AR drafter."""
+    build_default()
+    work, out = work_dir(), {"mdm": drafters_dir() / "smollm2-mdm"}
+    if force or not out["mdm"].is_dir():  # "unaligned": masked-diffusion pretraining only, no distillation
+        publish(work / "mdm", out["mdm"], {"stage": "mdm"})
+    for kind in ABLATIONS:
+        target = drafters_dir() / f"smollm2-{kind}"
+        if force or not target.is_dir():
+            summary = distill(f"ablation {kind}", "smollm2-streak.yaml", work, kind,
+                              [f"drafter.path={work / 'mdm'}", f"objective.kind={kind}"])
+            publish(work / kind, target, {"stage": summary, "objective": kind})
+        out[kind] = target
+    target = drafters_dir() / "smollm2-ar"
+    if force or not target.is_dir():
+        build_ar_drafter(work, target)
+    out["ar"] = target
+    return out
+
+
+def build_ar_drafter(work: Path, target: Path) -> Path:
+    """Same layers and teacher data as the diffusion drafter, next-token loss; as many steps as both stages."""
+    import pyarrow.parquet as pq
+    import torch
+    from tqdm import tqdm
+
+    from specdiff.distill.ar import ar_drafter_from_verifier, train_ar_drafter
+    from specdiff.models import load_causal_lm
+
+    mdm, streak = (yaml.safe_load((CONFIGS / f).read_text()) for f in ("smollm2-mdm.yaml", "smollm2-streak.yaml"))
+    layers = mdm["drafter"]["layers"]
+    steps = 3 if quick() else mdm["train"]["steps"] + streak["train"]["steps"]
+    batch = mdm["train"]["batch_size"] * mdm["objective"]["windows_per_sample"] // 4  # about as many tokens/step
+    records = pq.read_table(work / "trajectories", columns=["prompt_ids", "completion_ids"]).to_pylist()
+    verifier, tokenizer = load_causal_lm(DEFAULT_VERIFIER, torch.float32)
+    model = ar_drafter_from_verifier(verifier, layers)
+    began = time.perf_counter()
+    with tqdm(total=steps, desc="AR drafter (HF assisted generation)", unit="step") as bar:
+        def progress(step: int, loss: float) -> None:
+            bar.update(1)
+            bar.set_postfix_str(f"loss {loss:.3f}")
+
+        train_ar_drafter(model, records, steps=steps, batch_size=max(1, batch), lr=mdm["train"]["lr"],
+                         progress=progress)
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    (partial / "build.json").write_text(json.dumps({"layers": layers, "steps": steps, "batch_size": batch,
+                                                    "wall_s": round(time.perf_counter() - began, 1)}, indent=2))
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ablations", action="store_true", help="also build the bench's ablation drafters")
+    parser.add_argument("--force", action="store_true", help="rebuild what exists")
+    args = parser.parse_args(argv)
+    try:
+        build_default(force=args.force)
+        if args.ablations:
+            for kind, path in build_ablations(force=args.force).items():
+                print(f"{kind}: {path}")
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
