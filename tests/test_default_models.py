@@ -38,17 +38,27 @@ def test_real_verifier_greedy_equality(smollm):
     assert result.tokens == expected
 
 
-def run_job(args: list[str], home: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SPECDIFF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+def run_job(args: list[str], home: Path, timeout: int = 600, **env) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SPECDIFF_HOME": str(home), "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", **env}
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_main_job_runs_offline(specdiff_home):
-    out = run_job(["jobs/generate.py", "--max-new-tokens", "12", "--dtype", "float32"], specdiff_home)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "identical to plain greedy decoding: yes" in out.stdout
-    assert "speed-up over plain decoding" in out.stdout
+def test_main_job_builds_the_default_drafter_once_then_runs_offline(specdiff_home):
+    # The README command on a fresh state directory: builds the default drafter through the real pipeline (two
+    # distill stages on a local Ray; SPECDIFF_BUILD_QUICK shrinks them to a few steps), then generates.
+    args = ["jobs/generate.py", "--max-new-tokens", "12", "--dtype", "float32"]
+    first = run_job(args, specdiff_home, timeout=900, SPECDIFF_BUILD_QUICK="1")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "default drafter ready" in first.stdout
+    assert "identical to plain greedy decoding: yes" in first.stdout
+    assert "speed-up over plain decoding" in first.stdout
     assert (specdiff_home / "models" / DEFAULT_VERIFIER / "config.json").is_file()  # converted once, kept
+    built = specdiff_home / "drafters" / "default"
+    record = json.loads((built / "build.json").read_text())
+    assert set(record["stages"]) == {"mdm", "streak"} and record["stages"]["streak"]["finished"]
+    second = run_job(args, specdiff_home, SPECDIFF_BUILD_QUICK="1")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "building the default drafter" not in second.stdout and f"drafter: {built}" in second.stdout
 
 
 def test_bench_quick_writes_table_json_and_plot(smollm, specdiff_home, tmp_path):

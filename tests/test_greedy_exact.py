@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from helpers import OracleDrafter
-from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder, build_small_drafter, generate_plain
+from specdiff import (
+    HFVerifier,
+    SpecConfig,
+    SpeculativeDecoder,
+    build_small_drafter,
+    drafter_from_verifier,
+    generate_plain,
+)
 
 PROMPTS = [[5], [3, 17, 9, 41], list(range(1, 40))]
 
@@ -27,12 +34,14 @@ def drafters(verifier_model):
     return {
         "random": build_small_drafter(64, hidden_size=32, num_layers=1, num_heads=2),
         "oracle": OracleDrafter(verifier_model, confidence=0.6),
+        # block attention with the prefix cache: the drafter's own state must not leak between rounds or prompts
+        "block": drafter_from_verifier(verifier_model, num_layers=1, causal_prefix=True),
     }
 
 
 @pytest.mark.parametrize("gamma", [1, 4, 16])
 @pytest.mark.parametrize("k", [1, 4, 8])
-@pytest.mark.parametrize("drafter_name", ["random", "oracle"])
+@pytest.mark.parametrize("drafter_name", ["random", "oracle", "block"])
 def test_equals_hf_greedy(verifier_model, drafters, gamma, k, drafter_name):
     decoder = SpeculativeDecoder(drafters[drafter_name], HFVerifier(verifier_model))
     for prompt in PROMPTS:
