@@ -35,15 +35,18 @@ def ar_drafter_from_verifier(verifier: torch.nn.Module, layers: Sequence[int]) -
 
 
 def completion_nll(model: torch.nn.Module, records: Sequence[dict]) -> torch.Tensor:
-    """Mean next-token NLL of the completions given their prompts (teacher forcing; prompt tokens not scored)."""
+    """Mean next-token NLL of the completions given their prompts (teacher forcing; prompt tokens not scored). The
+    LM head runs on the completion rows only (on a 49k vocabulary it would otherwise dominate the step)."""
     seqs = [list(r["prompt_ids"]) + list(r["completion_ids"]) for r in records]
     ids, valid, positions = causal_inputs(seqs)
-    logits = model(input_ids=ids, attention_mask=valid.long(), position_ids=positions).logits[:, :-1].float()
-    targets = ids[:, 1:]
+    hidden = model.model(input_ids=ids, attention_mask=valid.long(), position_ids=positions).last_hidden_state
+    n = max(len(r["completion_ids"]) for r in records)
+    rows = hidden[:, -n - 1 : -1]  # outputs that predict the last n tokens
+    targets = ids[:, -n:]
     scored = torch.zeros_like(targets, dtype=torch.bool)
     for b, r in enumerate(records):
-        n = len(r["completion_ids"])
-        scored[b, targets.shape[1] - n :] = True
+        scored[b, n - len(r["completion_ids"]) :] = True
+    logits = model.get_output_embeddings()(rows).float()
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
     return (nll * scored).sum() / scored.sum()
 
