@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -291,10 +290,11 @@ def plot_alpha(report: dict, path: Path) -> None:
 def log_to_mlflow(out_dir: Path, report: dict) -> None:
     import mlflow
 
-    # MLFLOW_TRACKING_URI (a server or another store) wins; else the local store in the state directory.
-    state_dir().mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{state_dir() / 'mlflow.db'}")
-    mlflow.set_experiment("specdiff-bench")
+    from specdiff.registry import ensure_experiment, tracking_uri
+
+    uri = tracking_uri()  # MLFLOW_TRACKING_URI, else the embedded store in the state directory
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(experiment_id=ensure_experiment(mlflow.MlflowClient(uri), "specdiff-bench", uri))
     with mlflow.start_run(run_name="bench"):
         mlflow.log_params({k: str(v)[:250] for k, v in report["config"].items()})
         for row in report["rows"]:

@@ -45,6 +45,8 @@ class RaySection(Section):
 
 
 class VerifierSection(Section):
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)  # version=2 from --set
+
     path: str = Field(..., description="Hugging Face model folder of the frozen verifier (teacher), or "
                       "`smollm2-135m-instruct` (the embedded default, converted once into the state directory).")
     name: str | None = Field(None, description="Verifier name recorded with the drafter; default: folder name.")

@@ -82,8 +82,8 @@ def evaluate_drafter(
     return EvalResult(expected_streak=float(torch.cat(streaks).mean()), alpha=alpha, windows=len(prefixes))
 
 
-def alpha_plot(history: Sequence[tuple[int, EvalResult]], path: str) -> str:
-    """PNG of α_j per position, one line per evaluation step."""
+def alpha_plot(history: Sequence[tuple[int, EvalResult]], path: str, label: str = "step {}") -> str:
+    """PNG of α_j per position, one line per evaluation step (``label`` formats each line's legend entry)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -91,7 +91,7 @@ def alpha_plot(history: Sequence[tuple[int, EvalResult]], path: str) -> str:
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for step, result in history:
-        ax.plot(range(1, len(result.alpha) + 1), result.alpha, marker="o", label=f"step {step}")
+        ax.plot(range(1, len(result.alpha) + 1), result.alpha, marker="o", label=label.format(step))
     ax.set_xlabel("draft position j")
     ax.set_ylabel("α_j (accepted | reached)")
     ax.set_ylim(0, 1)
@@ -101,3 +101,67 @@ def alpha_plot(history: Sequence[tuple[int, EvalResult]], path: str) -> str:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+@dataclass(frozen=True)
+class HeldoutSpec:
+    """The held-out test a drafter–verifier pair is measured on; both sides of a promotion use the same one.
+
+    Each prompt (``prompt_ids`` rows of a .jsonl file) is completed by the pair's own verifier (``max_new_tokens``
+    tokens at ``temperature`` / ``top_p``, seeded), windows are cut at ``offsets``, and the drafter's argmax window
+    is scored as in ``evaluate_drafter``. τ = 1 + expected streak (tokens per verifier call under greedy
+    acceptance, bonus/recovered token included)."""
+
+    prompts: str
+    gamma: int = 8
+    offsets: tuple[int, ...] = (0, 8)
+    max_new_tokens: int = 32
+    temperature: float = 0.5
+    top_p: float = 0.95
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, cfg, prompts: str | None = None) -> HeldoutSpec:
+        """The test a distillation config implies: its held-out prompts, γ, eval offsets, teacher and seed."""
+        t = cfg.teacher
+        return cls(prompts=prompts or cfg.data.heldout, gamma=cfg.objective.gamma, offsets=tuple(cfg.eval.offsets),
+                   max_new_tokens=t.max_new_tokens, temperature=t.temperature, top_p=t.top_p, seed=cfg.run.seed)
+
+    def digest(self) -> str:
+        """sha256 over the prompt file's bytes and every other field: equal digests = the same test."""
+        import hashlib
+        import json
+        from dataclasses import asdict
+        from pathlib import Path
+
+        h = hashlib.sha256(Path(self.prompts).read_bytes())
+        h.update(json.dumps({k: v for k, v in asdict(self).items() if k != "prompts"}, sort_keys=True).encode())
+        return "sha256:" + h.hexdigest()
+
+
+def read_prompt_ids(path: str) -> list[list[int]]:
+    """``prompt_ids`` rows of a .jsonl file (the format of jobs/make_tiny.py and data.heldout)."""
+    import json
+    from pathlib import Path
+
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if not rows or any("prompt_ids" not in r or not r["prompt_ids"] for r in rows):
+        raise ValueError(f"held-out prompts must be non-empty 'prompt_ids' rows of a .jsonl file, got {path!r}")
+    return [list(map(int, r["prompt_ids"])) for r in rows]
+
+
+@torch.no_grad()
+def evaluate_pair(drafter, verifier_model: torch.nn.Module, spec: HeldoutSpec) -> EvalResult:
+    """``drafter`` (an ``HFDiffusionDrafter``) against ``verifier_model`` (a causal LM) on ``spec``."""
+    from .teacher import sample_completions
+    from .windows import heldout_prefixes
+
+    sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p)
+    verifier = HFModel(verifier_model)
+    prompts = read_prompt_ids(spec.prompts)
+    completions, _, _ = sample_completions(verifier, prompts, spec.max_new_tokens, sampling, 0,
+                                           torch.Generator().manual_seed(spec.seed))
+    records = [{"prompt_ids": p, "completion_ids": c} for p, c in zip(prompts, completions.tolist())]
+    prefixes = heldout_prefixes(records, spec.offsets)
+    return evaluate_drafter(HFModel(drafter.model), drafter.config, verifier, prefixes, spec.gamma, sampling,
+                            generator=torch.Generator().manual_seed(spec.seed))

@@ -11,6 +11,8 @@ Serve config YAML's ``import_path`` + ``args``.
 import asyncio
 import functools
 import logging
+import threading
+import time
 from typing import Any, Dict, Optional, Union
 
 from fastapi import FastAPI, Request
@@ -20,7 +22,7 @@ from ray.serve.config import RequestRouterConfig
 
 from .config import AppConfig, DrafterOptions, ModelSource, RouterOptions, VerifierOptions
 from .metrics import ServeMetrics
-from .models import load_drafter, load_verifier
+from .models import load_drafter, load_verifier, pair_label, resolve_pair
 from .protocol import ApiError
 from .router import OpenAIRouter
 from .servers import DrafterServer, VerifierServer
@@ -31,9 +33,56 @@ CONSISTENT_HASH_ROUTER = "ray.serve.experimental.consistent_hash_router.Consiste
 api = FastAPI(title="specdiff", description="Speculative decoding with a masked-diffusion drafter (OpenAI API)")
 
 
-class DrafterDeployment(DrafterServer):
+class _FollowsPair:
+    """Replica side of ``models.pair`` (a registry alias): every ``models.follow_s`` seconds (a daemon thread) and
+    on a Serve reconfigure with ``user_config={"pair": ...}`` the alias is read again; when it names another
+    drafter version, that pair is loaded and swapped in (``swap`` of the server class) without a restart. A failed
+    refresh is logged and the current pair keeps serving."""
+
+    def _follow(self, models: ModelSource, label: str | None, load) -> None:
+        self._models, self._load, self.pair = models, load, label
+        self._refused: str | None = None
+        self._refresh_lock = threading.Lock()
+        if models.pair and models.follow_s > 0:
+            threading.Thread(target=self._poll, daemon=True, name="pair-follower").start()
+
+    def reconfigure(self, user_config: dict) -> None:
+        pair = (user_config or {}).get("pair")
+        if pair and pair != self._models.pair:
+            self._models = ModelSource.model_validate({**self._models.model_dump(), "pair": pair})
+        if self._models.pair:
+            self.refresh()
+
+    def refresh(self) -> bool:
+        """Swap in the pair the alias names now, if it changed; True when it did."""
+        with self._refresh_lock:
+            label = pair_label(self._models)
+            if label in (self.pair, self._refused):  # unchanged, or refused once (another vocabulary): no reload
+                return False
+            previous = self.pair
+            resolved, label = resolve_pair(self._models)
+            try:
+                self.swap(self._load(resolved), label)
+            except ValueError:
+                self._refused = label
+                raise
+            logger.info("pair follower: %s -> %s", previous, label)
+            return True
+
+    def _poll(self) -> None:
+        while True:
+            time.sleep(self._models.follow_s)
+            try:
+                self.refresh()
+            except Exception:
+                logger.exception("pair follower: refresh of %s failed; still serving %s", self._models.pair, self.pair)
+
+
+class DrafterDeployment(_FollowsPair, DrafterServer):
     def __init__(self, models: ModelSource, options: DrafterOptions):
-        super().__init__(functools.partial(load_drafter, models))
+        resolved, label = resolve_pair(models)
+        super().__init__(functools.partial(load_drafter, resolved))
+        self._follow(models, label, load_drafter)
         self.propose.set_max_batch_size(options.max_batch_size)
         self.propose.set_batch_wait_timeout_s(options.batch_wait_timeout_s)
 
@@ -43,19 +92,23 @@ class DrafterDeployment(DrafterServer):
         return await asyncio.to_thread(self.propose_many, prefixes, gammas)
 
 
-class VerifierDeployment(VerifierServer):
+class VerifierDeployment(_FollowsPair, VerifierServer):
     def __init__(self, models: ModelSource, options: VerifierOptions):
+        resolved, label = resolve_pair(models)
         super().__init__(
-            functools.partial(load_verifier, models),
+            functools.partial(load_verifier, resolved),
             max_sessions=options.max_sessions,
             kv_cache_budget_mb=options.kv_cache_budget_mb,
         )
+        self._follow(models, label, load_verifier)
 
 
 @serve.ingress(api)
 class Router:
     def __init__(self, drafter, verifier, models: ModelSource, options: RouterOptions):
-        self.core = OpenAIRouter(drafter, verifier, models, options, metrics=ServeMetrics(options.max_gamma))
+        # The tokenizer comes from the pair named at start-up; a swapped-in pair must keep the vocabulary.
+        self.core = OpenAIRouter(drafter, verifier, resolve_pair(models)[0], options,
+                                 metrics=ServeMetrics(options.max_gamma))
 
     @api.post("/v1/completions")
     async def completions(self, request: Request):
@@ -94,8 +147,12 @@ class Router:
 def build_app(args: Optional[Union[Dict[str, Any], AppConfig]] = None) -> serve.Application:
     """Application builder: ``serve run serve_apps.specdiff:app drafter.max_replicas=4 pools=true``."""
     cfg = args if isinstance(args, AppConfig) else AppConfig.from_args(args)
+    # A registry pair also reaches the model replicas as user_config: redeploying with another {"pair": ...} is a
+    # Serve reconfigure (in place, no restart).
+    follow = {"user_config": {"pair": cfg.models.pair}} if cfg.models.pair else {}
     drafter = serve.deployment(
-        DrafterDeployment, name="Drafter", **cfg.drafter.deployment_options(cfg.drafter_pool if cfg.pools else None)
+        DrafterDeployment, name="Drafter", **follow,
+        **cfg.drafter.deployment_options(cfg.drafter_pool if cfg.pools else None),
     ).bind(cfg.models, cfg.drafter)
     verifier = serve.deployment(
         VerifierDeployment,
@@ -104,6 +161,7 @@ def build_app(args: Optional[Union[Dict[str, Any], AppConfig]] = None) -> serve.
             request_router_class=CONSISTENT_HASH_ROUTER,
             request_router_kwargs={"num_virtual_nodes": cfg.verifier.num_virtual_nodes},
         ),
+        **follow,
         **cfg.verifier.deployment_options(cfg.verifier_pool if cfg.pools else None),
     ).bind(cfg.models, cfg.verifier)
     router = serve.deployment(Router, name="Router", **cfg.router.deployment_options(None))

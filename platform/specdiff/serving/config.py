@@ -61,6 +61,19 @@ class ModelSource(_Strict):
     )
     max_context: int | None = Field(None, ge=2, description="Verifier context limit; default: the model's.")
     demo_seed: int = Field(0, description="Init seed of the demo models (every replica builds the same weights).")
+    pair: str | None = Field(
+        None,
+        description="A registered drafter, 'models:/specdiff-drafter-<family>@production' (or '/<version>'): serve "
+        "it with the verifier version it is aligned to (specdiff.registry). Leave `drafter` unset; a `verifier` "
+        "folder given with it must have the digest the drafter was distilled against.",
+    )
+    tracking_uri: str | None = Field(
+        None, description="MLflow store of `pair`; default MLFLOW_TRACKING_URI, else the embedded sqlite store."
+    )
+    follow_s: float = Field(
+        30, ge=0, description="With `pair` an alias: every replica re-reads it this often and swaps a newly promoted "
+        "pair in (0: only at start-up and on a Serve reconfigure of user_config {'pair': ...})."
+    )
 
     @field_validator("drafter")
     @classmethod
@@ -68,6 +81,16 @@ class ModelSource(_Strict):
         if value.startswith("import:") and value.count(":") != 2:
             raise ValueError(f"drafter must look like 'import:<module>:<function>', got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _pair_form(self) -> ModelSource:
+        if self.pair is None:
+            return self
+        if not self.pair.startswith("models:/"):
+            raise ValueError(f"pair must look like models:/<name>@<alias> or models:/<name>/<version>, got {self.pair!r}")
+        if self.drafter != DEMO:
+            raise ValueError(f"drafter must be left unset when pair is set (the pair names it), got {self.drafter!r}")
+        return self
 
 
 class PoolOptions(_Strict):

@@ -59,6 +59,28 @@ def byte_tokenizer():
     )
 
 
+def resolve_pair(source: ModelSource) -> tuple[ModelSource, str | None]:
+    """With ``source.pair``: the source pointed at local folders of the registered pair it names now (downloaded
+    once, verifier digest checked), and the drafter version's label (``specdiff-drafter-tiny/3``). Without: as is."""
+    if source.pair is None:
+        return source, None
+    from ..registry import Registry
+
+    override = None if source.verifier == DEMO else resolve_model_path(source.verifier)
+    pair = Registry(source.tracking_uri).resolve_pair(source.pair, override)
+    folders = {"verifier": str(pair.verifier_dir), "drafter": str(pair.drafter_dir), "pair": None,
+               "tokenizer": source.tokenizer or str(pair.verifier_dir)}
+    return source.model_copy(update=folders), f"{pair.drafter.name}/{pair.drafter.version}"
+
+
+def pair_label(source: ModelSource) -> str:
+    """Which drafter version ``source.pair`` names now (one registry read; nothing is downloaded)."""
+    from ..registry import Registry
+
+    version = Registry(source.tracking_uri).get(source.pair)
+    return f"{version.name}/{version.version}"
+
+
 def _dtype(source: ModelSource) -> torch.dtype:
     if source.dtype == "auto":
         return torch.bfloat16 if torch.cuda.is_available() else torch.float32

@@ -32,6 +32,14 @@ class DrafterServer:
         self.drafter: Drafter = _build(drafter, "propose_batch")
         self.vocab_size = self.drafter.vocab_size
         self.batch_sizes: list[int] = []  # recent batch sizes (observability and tests)
+        self.pair: str | None = None  # the registered drafter version served, when it comes from the registry
+
+    def swap(self, drafter: Drafter, pair: str | None = None) -> None:
+        """Serve ``drafter`` from the next call on (a promoted pair); calls already running finish on the old one.
+        The vocabulary is the router's contract and must not change."""
+        if drafter.vocab_size != self.vocab_size:
+            raise ValueError(f"drafter vocab_size must stay {self.vocab_size} across a swap, got {drafter.vocab_size}")
+        self.drafter, self.pair = drafter, pair
 
     async def propose(self, prefix: list[int], gamma: int) -> torch.Tensor:
         """Marginals [gamma, V] for one prefix (unbatched; the deployment batches)."""
@@ -49,7 +57,7 @@ class DrafterServer:
         return out
 
     def info(self) -> dict:
-        return {"vocab_size": self.vocab_size}
+        return {"vocab_size": self.vocab_size, "pair": self.pair}
 
 
 @dataclass
@@ -57,6 +65,7 @@ class _Entry:
     session: HFVerifierSession
     scored: bool  # a tree was scored and awaits its commit
     nbytes: int
+    generation: int = 0  # the verifier model it was built on (``VerifierServer.swap`` counts them)
 
 
 def _cache_bytes(session) -> int:
@@ -80,9 +89,22 @@ class VerifierServer:
         self._sessions: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()  # score() runs in Serve's thread pool
         self.counts = {"hits": 0, "misses": 0, "evictions": 0}
+        self.pair: str | None = None  # the registered pair served, when it comes from the registry
+        self.generation = 0
 
     def info(self) -> dict:
-        return {"vocab_size": self.verifier.vocab_size, "max_context": self.verifier.max_context}
+        return {"vocab_size": self.verifier.vocab_size, "max_context": self.verifier.max_context, "pair": self.pair}
+
+    def swap(self, verifier: Verifier, pair: str | None = None) -> None:
+        """Score with ``verifier`` from now on (a promoted pair). Every KV cache belongs to the old model, so all
+        sessions are dropped; their next call recomputes its prefix on the new verifier."""
+        if verifier.vocab_size != self.verifier.vocab_size:
+            raise ValueError(f"verifier vocab_size must stay {self.verifier.vocab_size} across a swap, got "
+                             f"{verifier.vocab_size}")
+        with self._lock:
+            self.verifier, self.pair = verifier, pair
+            self.generation += 1
+            self._sessions.clear()
 
     def score(
         self,
@@ -102,18 +124,19 @@ class VerifierServer:
         if entry is not None and entry.scored and commit is not None:
             entry.session.commit(commit[0], commit[1])
             entry.scored = False
-        if entry is None or entry.scored or entry.session.tokens != tokens:
-            # Miss (never seen, evicted, or this replica lost track): recompute the prefix.
+        if entry is None or entry.scored or entry.session.tokens != tokens or entry.generation != self.generation:
+            # Miss (never seen, evicted, this replica lost track, or a swap replaced the model): recompute.
             self.counts["misses"] += 1
-            entry = _Entry(self.verifier.start(tokens), scored=False, nbytes=0)
+            entry = _Entry(self.verifier.start(tokens), scored=False, nbytes=0, generation=self.generation)
         else:
             self.counts["hits"] += 1
         logp = entry.session.score(tree)
         entry.scored = True
         entry.nbytes = _cache_bytes(entry.session)
         with self._lock:
-            self._sessions[session_id] = entry
-            self._evict()
+            if entry.generation == self.generation:  # a session scored across a swap is not kept
+                self._sessions[session_id] = entry
+                self._evict()
         return logp
 
     def _evict(self) -> None:
