@@ -124,8 +124,8 @@ def run_stage(label: str, config: Path, overrides: list[str], log: Path) -> dict
 
 def distill(label: str, config: str, work: Path, name: str, extra: list[str]) -> dict:
     trajectories = work / "trajectories"
-    data = ([f"data.trajectories={trajectories}"] if trajectories.is_dir()
-            else [f"data.prompts={work / 'prompts.jsonl'}", f"teacher.save_to={trajectories}"])
+    data = [f"data.prompts={work / 'prompts.jsonl'}"] + ([f"data.trajectories={trajectories}"] if trajectories.is_dir()
+                                                         else [f"teacher.save_to={trajectories}"])
     overrides = [f"data.heldout={work / 'heldout.jsonl'}", f"run.name={name}",
                  f"run.storage_path={work / 'ray_results'}", f"run.output_dir={work / name}", *data, *extra,
                  *(QUICK_SET if quick() else [])]

@@ -43,6 +43,7 @@ def run_job(args: list[str], home: Path, timeout: int = 600, **env) -> subproces
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.timeout(1500)
 def test_main_job_builds_the_default_drafter_once_then_runs_offline(specdiff_home):
     # The README command on a fresh state directory: builds the default drafter through the real pipeline (two
     # distill stages on a local Ray; SPECDIFF_BUILD_QUICK shrinks them to a few steps), then generates.
