@@ -35,7 +35,7 @@ from specdiff.models import DEFAULT_VERIFIER, state_dir
 JOBS = Path(__file__).resolve().parent
 CONFIGS = JOBS / "configs"
 ABLATIONS = ("ar_distill", "naive")
-STEP = re.compile(r"\[distill\] step (\d+)/(\d+) loss ([0-9.]+)")
+STEP = re.compile(r"\[distill\] step (\d+)/(\d+) loss (-?[0-9.]+)")
 EVAL = re.compile(r"\[distill\] eval step (\d+): expected streak ([0-9.]+)")
 QUICK_SET = ["train.steps=3", "eval.every=3", "train.checkpoint_every=3", "teacher.max_new_tokens=12",
              "eval.offsets=[0]", "data.max_prompt_tokens=48"]
