@@ -40,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--untrained", action="store_true", help="draft with unaligned verifier layers (no build)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt raw instead of through the chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--gamma", type=int, default=8, help="window: drafted positions per round")
+    p.add_argument("--gamma", type=int, default=4, help="window: drafted positions per round")
     p.add_argument("--k", type=int, default=4, help="candidates per round (self-selection)")
     p.add_argument("--draft-temperature", type=float, default=1.5)
     p.add_argument("--temperature", type=float, default=0.0, help="verifier sampling temperature (0 = greedy)")

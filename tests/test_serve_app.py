@@ -200,7 +200,8 @@ def test_client_disconnect_frees_session_streaming(app, serve_cluster):
     assert next(line for line in response.iter_lines() if line.startswith(b"data: "))
     assert len(verifier.sessions.remote().result(timeout_s=30)) == 1  # the decode is running
     response.close()  # the client goes away mid-stream
-    assert _wait_no_sessions(verifier, 15)
+    # The router notices at its next write; on a loaded machine a round can take seconds, so allow a minute.
+    assert _wait_no_sessions(verifier, 60)
 
 
 def test_client_disconnect_frees_session_non_streaming(app, serve_cluster):
@@ -223,7 +224,7 @@ def test_client_disconnect_frees_session_non_streaming(app, serve_cluster):
     client_left.set()
     watcher.join(30)
     assert seen == [1]  # the decode was running before the client left
-    assert _wait_no_sessions(verifier, 15)
+    assert _wait_no_sessions(verifier, 60)
 
 
 def test_prometheus_metrics(app):
