@@ -242,3 +242,16 @@ def test_prefix_ar_weight_trains_with_prefixes_shorter_than_its_rows(verifier_mo
     loss = window_loss(HFModel(drafter.model), drafter, cfg, batch, gen)
     plain = parse_config(base_config(objective={"kind": "streak", "gamma": 4}, teacher={"max_new_tokens": 8}))
     assert torch.isfinite(loss) and float(loss) > float(window_loss(HFModel(drafter.model), drafter, plain, batch, gen))
+
+
+def test_pretrained_drafter_keeps_its_attention_unless_the_config_sets_it(tmp_path, verifier_model):
+    from specdiff import save_drafter
+    from specdiff.distill.train import build_drafter
+
+    save_drafter(drafter_from_verifier(verifier_model, num_layers=1, causal_prefix=True), tmp_path / "block")
+    pretrained = {"init": "pretrained", "path": str(tmp_path / "block")}
+    kept = build_drafter(parse_config(base_config(drafter=pretrained)), verifier_model)
+    assert kept.config.causal_prefix is True and kept._cache is not None
+    off = build_drafter(parse_config(base_config(drafter={**pretrained, "causal_prefix": False})), verifier_model)
+    assert off.config.causal_prefix is False
+    assert build_drafter(parse_config(base_config()), verifier_model).config.causal_prefix is False

@@ -92,8 +92,9 @@ class DrafterSection(Section):
     num_layers: int = Field(2, ge=1, description="Layers (from_verifier, small).")
     layers: list[int] | None = Field(None, description="from_verifier: which verifier layers to inherit (default: "
                                      "`num_layers` evenly spaced).")
-    causal_prefix: bool = Field(False, description="Block attention: the prefix attends causally (as in the "
-                                "verifier, and cacheable across rounds), the masked window bidirectionally.")
+    causal_prefix: bool | None = Field(None, description="Block attention: the prefix attends causally (as in "
+                                       "the verifier, and cacheable across rounds), the masked window "
+                                       "bidirectionally. None: the pretrained drafter's own setting, else false.")
     hidden_size: int = Field(256, ge=8, description="Hidden size (small).")
     num_heads: int = Field(4, ge=1, description="Attention heads (small).")
     max_context: int | None = Field(None, ge=2, description="Drafter context bound (last N tokens).")

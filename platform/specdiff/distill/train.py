@@ -52,14 +52,15 @@ def build_drafter(cfg: DistillConfig, verifier_model: torch.nn.Module | None) ->
         drafter = load_drafter(d.path)
     elif d.init == "from_verifier":
         drafter = drafter_from_verifier(verifier_model, num_layers=d.num_layers, layers=d.layers,
-                                        causal_prefix=d.causal_prefix, seed=cfg.run.seed)
+                                        causal_prefix=bool(d.causal_prefix), seed=cfg.run.seed)
     else:
         vocab = int(verifier_model.get_output_embeddings().weight.shape[0])
         drafter = build_small_drafter(vocab, hidden_size=d.hidden_size, num_layers=d.num_layers,
                                       num_heads=d.num_heads, seed=cfg.run.seed)
-    if d.max_context is not None or d.causal_prefix != drafter.config.causal_prefix:
-        drafter = HFDiffusionDrafter(drafter.model, replace(drafter.config, max_context=d.max_context or
-                                                            drafter.config.max_context, causal_prefix=d.causal_prefix))
+    # Unset fields keep what the drafter already has (a pretrained drafter's own attention and context bound).
+    overrides = {k: v for k, v in (("max_context", d.max_context), ("causal_prefix", d.causal_prefix)) if v is not None}
+    if overrides:
+        drafter = HFDiffusionDrafter(drafter.model, replace(drafter.config, **overrides))
     return drafter
 
 
