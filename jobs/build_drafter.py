@@ -211,15 +211,11 @@ def build_ar_drafter(work: Path, target: Path) -> Path:
 
         train_ar_drafter(model, records, steps=steps, batch_size=max(1, batch), lr=mdm["train"]["lr"],
                          progress=progress)
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    (partial / "build.json").write_text(json.dumps({"layers": layers, "steps": steps, "batch_size": batch,
-                                                    "wall_s": round(time.perf_counter() - began, 1)}, indent=2))
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
-    return target
+    out = work / "ar"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    record = {"layers": layers, "steps": steps, "batch_size": batch, "wall_s": round(time.perf_counter() - began, 1)}
+    return publish(out, target, record)
 
 
 def main(argv: list[str] | None = None) -> int:
