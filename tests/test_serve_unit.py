@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 
 import pytest
 import torch
 from ray import exceptions as ray_errors
+from starlette.requests import Request
 
 from serve_helpers import FakeHandle, LocalReference, SyncDrafter
 from specdiff import SamplingParams, SpecConfig, SpeculativeDecoder
 from specdiff.drafter import DrafterUnavailable
+from specdiff.serving.app import CLIENT_LEFT, _unless_client_leaves
 from specdiff.serving.config import AppConfig
 from specdiff.serving.protocol import ApiError, ChatRequest, CompletionRequest, parse
 from specdiff.serving.remote import RemoteDrafter, RemoteVerifier
@@ -132,6 +136,47 @@ def test_verifier_server_memory_budget(ref):
     assert list(server.sessions()) == ["c"] and server.counts["evictions"] == 2
 
 
+class _BlockingVerifier:
+    """``ref.verifier`` whose sessions' ``score`` waits for ``go``: a call caught in flight."""
+
+    def __init__(self, inner):
+        self.inner, self.entered, self.go = inner, threading.Event(), threading.Event()
+        self.vocab_size, self.max_context = inner.vocab_size, inner.max_context
+
+    def start(self, tokens):
+        session, outer = self.inner.start(tokens), self
+
+        class Session:
+            tokens = property(lambda _: session.tokens)
+            cache = None
+
+            def score(self, tree):
+                outer.entered.set()
+                assert outer.go.wait(30)
+                return session.score(tree)
+
+            def commit(self, path, token):
+                session.commit(path, token)
+
+        return Session()
+
+
+@pytest.mark.parametrize("close_midway", [False, True])
+def test_verifier_server_counts_sessions_in_flight(ref, close_midway):
+    verifier = _BlockingVerifier(ref.verifier)
+    server = VerifierServer(verifier)
+    call = threading.Thread(target=server.score, args=("a", [10, 20, 30], None, chain(30, [1])))
+    call.start()
+    assert verifier.entered.wait(30)
+    assert server.sessions() == {"a": 3}  # out of the LRU while in use, but live
+    if close_midway:  # the client left during the call: the call must not put the session back
+        assert server.close("a") and server.sessions() == {}
+    verifier.go.set()
+    call.join(30)
+    assert server.sessions() == ({} if close_midway else {"a": 3})
+    assert server._busy == {} and server._closed == set()
+
+
 def _remote_decoder(ref, drafter_handle, verifier_handle, **verifier_options):
     drafter = RemoteDrafter(drafter_handle, ref.drafter.vocab_size, timeout_s=0.5, cooldown_s=0.0)
     verifier = RemoteVerifier(verifier_handle, ref.verifier.vocab_size, ref.verifier.max_context, **verifier_options)
@@ -198,3 +243,93 @@ def test_verifier_user_errors_are_not_retried(ref):
     with pytest.raises(ValueError, match="bad tree"):
         decoder.generate([1, 2], max_new_tokens=4, seed=0)
     assert flaky.calls.count("score") == 1
+
+
+# -- the Router's own disconnect watch (Serve's cancellation is best effort) -------------------------------------------
+
+
+def _request(leave: asyncio.Event) -> Request:
+    async def receive():
+        await leave.wait()
+        return {"type": "http.disconnect"}
+
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+
+
+def test_client_leaving_cancels_the_work_even_without_serves_cancel():
+    async def scenario():
+        leave, cancelled = asyncio.Event(), asyncio.Event()
+
+        async def decode():  # a decode that would outlive the client by far
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        asyncio.get_running_loop().call_later(0.05, leave.set)
+        result = await asyncio.wait_for(_unless_client_leaves(decode(), _request(leave)), 10)
+        return result, cancelled.is_set()
+
+    result, cancelled = asyncio.run(scenario())
+    assert result is CLIENT_LEFT and cancelled
+
+
+def test_finished_work_is_returned_and_the_watch_stops():
+    async def scenario():
+        leave = asyncio.Event()
+
+        async def decode():
+            await asyncio.sleep(0.01)
+            return {"choices": []}
+
+        result = await _unless_client_leaves(decode(), _request(leave))
+        await asyncio.sleep(0)
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        return result, pending
+
+    result, pending = asyncio.run(scenario())
+    assert result == {"choices": []} and pending == []
+
+
+def test_work_errors_pass_through_and_a_broken_watch_does_not_cancel():
+    async def broken_receive():
+        raise RuntimeError("receive failed")
+
+    async def scenario():
+        async def decode():
+            await asyncio.sleep(0.05)
+            return "done"
+
+        async def failing():
+            raise ApiError("bad", param="x")
+
+        request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, broken_receive)
+        ok = await _unless_client_leaves(decode(), request)
+        with pytest.raises(ApiError):
+            await _unless_client_leaves(failing(), _request(asyncio.Event()))
+        return ok
+
+    assert asyncio.run(scenario()) == "done"
+
+
+def test_serves_own_cancellation_still_stops_the_work():
+    async def scenario():
+        cancelled = asyncio.Event()
+
+        async def decode():
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        outer = asyncio.ensure_future(_unless_client_leaves(decode(), _request(asyncio.Event())))
+        await asyncio.sleep(0.05)
+        outer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+        await asyncio.sleep(0.01)
+        return cancelled.is_set()
+
+    assert asyncio.run(scenario())

@@ -9,6 +9,7 @@ Serve config YAML's ``import_path`` + ``args``.
 
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
@@ -16,7 +17,7 @@ import time
 from typing import Any, Dict, Optional, Union
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
@@ -30,6 +31,7 @@ from .servers import DrafterServer, VerifierServer
 logger = logging.getLogger(__name__)
 CONSISTENT_HASH_ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"
 
+CLIENT_LEFT = object()
 api = FastAPI(title="specdiff", description="Speculative decoding with a masked-diffusion drafter (OpenAI API)")
 
 
@@ -103,6 +105,37 @@ class VerifierDeployment(_FollowsPair, VerifierServer):
         self._follow(models, label, load_verifier)
 
 
+async def _client_left(request: Request) -> None:
+    """Returns once the client has gone (the body is read already, so the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_client_leaves(work, request: Request):
+    """Await ``work``; if the client disconnects first, cancel it (which ends its decode loop and frees its verifier
+    session) and return ``CLIENT_LEFT``.
+
+    Serve cancels a request whose client left, but only best effort: the cancel can be lost between the replica's
+    threads (ray-project/ray#44647, cpython#105836), and a lost one would keep a full decode running for nobody.
+    Watching the ASGI disconnect ourselves makes it certain. A streamed response returns at once; from then on
+    Starlette's StreamingResponse watches for the disconnect."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_client_left(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and not gone.cancelled() and gone.exception() is None:  # wait() returned: gone is done
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return CLIENT_LEFT
+        return await task  # done, or the watcher failed (then Serve's own cancellation is all there is)
+    finally:
+        task.cancel()  # no-op once done; on our own cancellation it stops the decode too
+        gone.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await gone
+
+
 @serve.ingress(api)
 class Router:
     def __init__(self, drafter, verifier, models: ModelSource, options: RouterOptions):
@@ -132,13 +165,15 @@ class Router:
 
     async def _respond(self, handler, request: Request):
         try:
-            result = await handler(await request.body())
+            result = await _unless_client_leaves(handler(await request.body()), request)
         except ApiError as err:
             return JSONResponse(err.body(), status_code=err.status)
         except Exception as err:
             logger.exception("request failed")
             body = ApiError(f"{type(err).__name__}: {err}", status=500, kind="server_error").body()
             return JSONResponse(body, status_code=500)
+        if result is CLIENT_LEFT:  # nobody reads this; nginx's "client closed request"
+            return Response(status_code=499)
         if isinstance(result, dict):
             return JSONResponse(result)
         return StreamingResponse(result, media_type="text/event-stream")

@@ -87,6 +87,8 @@ class VerifierServer:
         self.max_sessions = max_sessions
         self.budget_bytes = int(kv_cache_budget_mb * 2**20)
         self._sessions: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
+        self._busy: dict[str, list[int]] = {}  # session id -> [calls in flight, tokens]: live, out of the LRU
+        self._closed: set[str] = set()  # closed while a call was in flight: that call must not put it back
         self._lock = threading.Lock()  # score() runs in Serve's thread pool
         self.counts = {"hits": 0, "misses": 0, "evictions": 0}
         self.pair: str | None = None  # the registered pair served, when it comes from the registry
@@ -121,23 +123,36 @@ class VerifierServer:
         """
         with self._lock:
             entry = self._sessions.pop(session_id, None)
-        if entry is not None and entry.scored and commit is not None:
-            entry.session.commit(commit[0], commit[1])
-            entry.scored = False
-        if entry is None or entry.scored or entry.session.tokens != tokens or entry.generation != self.generation:
-            # Miss (never seen, evicted, this replica lost track, or a swap replaced the model): recompute.
-            self.counts["misses"] += 1
-            entry = _Entry(self.verifier.start(tokens), scored=False, nbytes=0, generation=self.generation)
-        else:
-            self.counts["hits"] += 1
-        logp = entry.session.score(tree)
-        entry.scored = True
-        entry.nbytes = _cache_bytes(entry.session)
-        with self._lock:
-            if entry.generation == self.generation:  # a session scored across a swap is not kept
-                self._sessions[session_id] = entry
-                self._evict()
-        return logp
+            busy = self._busy.setdefault(session_id, [0, len(tokens)])
+            busy[0] += 1
+        keep = False
+        try:
+            if entry is not None and entry.scored and commit is not None:
+                entry.session.commit(commit[0], commit[1])
+                entry.scored = False
+            if entry is None or entry.scored or entry.session.tokens != tokens or entry.generation != self.generation:
+                # Miss (never seen, evicted, this replica lost track, or a swap replaced the model): recompute.
+                self.counts["misses"] += 1
+                entry = _Entry(self.verifier.start(tokens), scored=False, nbytes=0, generation=self.generation)
+            else:
+                self.counts["hits"] += 1
+            logp = entry.session.score(tree)
+            entry.scored = True
+            entry.nbytes = _cache_bytes(entry.session)
+            keep = True
+            return logp
+        finally:
+            with self._lock:
+                busy[0] -= 1
+                if busy[0] == 0:
+                    del self._busy[session_id]
+                closed = session_id in self._closed
+                if closed and busy[0] == 0:
+                    self._closed.discard(session_id)
+                # A failed call, a session scored across a swap, or one closed meanwhile is not kept.
+                if keep and not closed and entry.generation == self.generation:
+                    self._sessions[session_id] = entry
+                    self._evict()
 
     def _evict(self) -> None:
         total = sum(e.nbytes for e in self._sessions.values())
@@ -151,12 +166,18 @@ class VerifierServer:
     def close(self, session_id: str) -> bool:
         """Free a session's KV cache (the request finished or its client went away)."""
         with self._lock:
-            return self._sessions.pop(session_id, None) is not None
+            found = self._sessions.pop(session_id, None) is not None
+            if session_id in self._busy and session_id not in self._closed:  # its call in flight drops it at the end
+                self._closed.add(session_id)
+                found = True
+            return found
 
     def sessions(self) -> dict[str, int]:
-        """Live sessions -> tokens held (observability and tests)."""
+        """Live sessions -> tokens held (observability and tests), including those in the middle of a call."""
         with self._lock:
-            return {sid: len(e.session.tokens) for sid, e in self._sessions.items()}
+            live = {sid: len(e.session.tokens) for sid, e in self._sessions.items()}
+            live.update({sid: b[1] for sid, b in self._busy.items() if sid not in self._closed})
+            return live
 
     def cache_stats(self) -> dict:
         with self._lock:
