@@ -37,6 +37,7 @@ CONFIGS = JOBS / "configs"
 ABLATIONS = ("ar_distill", "naive")
 STEP = re.compile(r"\[distill\] step (\d+)/(\d+) loss (-?[0-9.]+)")
 EVAL = re.compile(r"\[distill\] eval step (\d+): expected streak ([0-9.]+)")
+TEACHER = re.compile(r"\[teacher\] (\d+) trajectories sampled")
 QUICK_SET = ["train.steps=3", "eval.every=3", "train.checkpoint_every=3", "teacher.max_new_tokens=12",
              "eval.offsets=[0]", "data.max_prompt_tokens=48"]
 
@@ -89,14 +90,18 @@ def write_prompts(work: Path) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
-def run_stage(label: str, config: Path, overrides: list[str], log: Path) -> dict:
-    """One ``jobs/distill.py`` run in a subprocess; its log goes to ``log``, its steps to a progress bar."""
+def run_stage(label: str, config: Path, overrides: list[str], log: Path, teacher_total: int = 0) -> dict:
+    """One ``jobs/distill.py`` run in a subprocess; its log goes to ``log``, its steps to a progress bar (and, when
+    the stage runs the teacher first, its trajectories out of ``teacher_total``)."""
     from tqdm import tqdm
 
     cmd = [sys.executable, str(JOBS / "distill.py"), "--config", str(config)]
     for item in overrides:
         cmd += ["--set", item]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    # RAY_DEDUP_LOGS=0: Ray folds log lines that differ only in numbers, which would hide the teacher's progress.
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+           "RAY_DEDUP_LOGS": "0"}
+    sampled = 0
     began = time.perf_counter()
     summary: dict = {}
     seen = set()  # Ray may echo a worker's line twice
@@ -110,6 +115,9 @@ def run_stage(label: str, config: Path, overrides: list[str], log: Path) -> dict
                 bar.n = int(m.group(1))
                 bar.set_postfix_str(f"loss {float(m.group(3)):.3f}")
                 bar.refresh()
+            elif m := TEACHER.search(line):
+                sampled += int(m.group(1))
+                bar.set_postfix_str(f"teacher: {sampled}/{teacher_total or '?'} trajectories sampled")
             elif (m := EVAL.search(line)) and m.group(0) not in seen:
                 seen.add(m.group(0))
                 bar.write(f"  {label}: held-out expected streak {float(m.group(2)):.3f} at step {m.group(1)}")
@@ -123,13 +131,15 @@ def run_stage(label: str, config: Path, overrides: list[str], log: Path) -> dict
 
 
 def distill(label: str, config: str, work: Path, name: str, extra: list[str]) -> dict:
-    trajectories = work / "trajectories"
-    data = [f"data.prompts={work / 'prompts.jsonl'}"] + ([f"data.trajectories={trajectories}"] if trajectories.is_dir()
-                                                         else [f"teacher.save_to={trajectories}"])
+    trajectories, prompts = work / "trajectories", work / "prompts.jsonl"
+    reuse = trajectories.is_dir()
+    data = [f"data.prompts={prompts}"] + ([f"data.trajectories={trajectories}"] if reuse
+                                          else [f"teacher.save_to={trajectories}"])
     overrides = [f"data.heldout={work / 'heldout.jsonl'}", f"run.name={name}",
                  f"run.storage_path={work / 'ray_results'}", f"run.output_dir={work / name}", *data, *extra,
                  *(QUICK_SET if quick() else [])]
-    return run_stage(label, CONFIGS / config, overrides, work / f"{name}.log")
+    total = 0 if reuse else sum(1 for line in prompts.open() if line.strip())
+    return run_stage(label, CONFIGS / config, overrides, work / f"{name}.log", teacher_total=total)
 
 
 def publish(src: Path, dst: Path, record: dict) -> Path:

@@ -57,6 +57,10 @@ def test_main_job_builds_the_default_drafter_once_then_runs_offline(specdiff_hom
     built = specdiff_home / "drafters" / "default"
     record = json.loads((built / "build.json").read_text())
     assert set(record["stages"]) == {"mdm", "streak"} and record["stages"]["streak"]["finished"]
+    work = specdiff_home / "build" / "smollm2"
+    prompts = sum(1 for line in (work / "prompts.jsonl").open() if line.strip())
+    assert f"teacher: {prompts}/{prompts} trajectories sampled" in first.stderr  # the teacher's progress is shown
+    assert not (work / "trajectories.partial").exists() and any((work / "trajectories").glob("*.parquet"))
     second = run_job(args, specdiff_home, SPECDIFF_BUILD_QUICK="1")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "building the default drafter" not in second.stdout and f"drafter: {built}" in second.stdout

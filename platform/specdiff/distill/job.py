@@ -118,9 +118,17 @@ def training_trajectories(cfg: DistillConfig, record: VerifierRecord):
         return read_records(cfg.data.trajectories, cfg.data.read_cpus)
     ds = teacher_dataset(read_records(cfg.data.prompts, cfg.data.read_cpus), record, cfg)
     if cfg.teacher.save_to:
-        ds.write_parquet(cfg.teacher.save_to)
-        print(f"[distill] teacher trajectories written to {cfg.teacher.save_to}", flush=True)
-        return read_records(cfg.teacher.save_to, cfg.data.read_cpus)
+        save_to = cfg.teacher.save_to
+        if "://" in save_to:  # remote storage: written in place
+            ds.write_parquet(save_to)
+        else:  # written aside, then renamed: an interrupted teacher never leaves a partial folder to be reused
+            partial = save_to.rstrip("/") + ".partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            ds.write_parquet(partial)
+            shutil.rmtree(save_to, ignore_errors=True)
+            os.replace(partial, save_to)
+        print(f"[distill] teacher trajectories written to {save_to}", flush=True)
+        return read_records(save_to, cfg.data.read_cpus)
     return ds
 
 

@@ -129,6 +129,7 @@ class TeacherSampler:
         self.logprobs_k = logprobs_k
         self.max_prompt_tokens = max_prompt_tokens
         self.tokenizer = None
+        self.sampled = 0
         actor = _actor_id()
         self.generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(actor.encode()))
 
@@ -156,6 +157,9 @@ class TeacherSampler:
             self.hf, prompts, self.max_new_tokens, self.sampling, self.logprobs_k, self.generator
         )
         n = len(prompts)
+        self.sampled += n
+        # One line a batch: the job log (and jobs/build_drafter.py's progress bar) shows the teacher advancing.
+        print(f"[teacher] {n} trajectories sampled ({self.sampled} by this actor)", flush=True)
         return pa.table({
             "prompt_ids": pa.array(prompts, type=pa.list_(pa.int32())),
             "completion_ids": pa.array(completions.tolist(), type=pa.list_(pa.int32())),
