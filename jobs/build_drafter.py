@@ -3,6 +3,7 @@
     python jobs/build_drafter.py               # the default drafter -> $SPECDIFF_HOME/drafters/default
     python jobs/build_drafter.py --ablations   # + AR-distilled, naive-window and HF-assisted AR drafters (bench)
     python jobs/build_drafter.py --force       # rebuild even if a drafter is there
+    python jobs/build_drafter.py --register    # + register the pair in the MLflow registry, promote it to production
 
 Recipe (configs in jobs/configs/, each stage one `jobs/distill.py` run on a local Ray):
   1. teacher: the frozen verifier samples completions for the training prompts (specdiff.prompts: code, math,
@@ -38,6 +39,8 @@ ABLATIONS = ("ar_distill", "naive")
 STEP = re.compile(r"\[distill\] step (\d+)/(\d+) loss (-?[0-9.]+)")
 EVAL = re.compile(r"\[distill\] eval step (\d+): expected streak ([0-9.]+)")
 TEACHER = re.compile(r"\[teacher\] (\d+) trajectories sampled")
+FAMILY = "smollm2"  # the default pair's family in the registry: specdiff-verifier-smollm2, specdiff-drafter-smollm2
+QUICK_EVAL = ["eval.offsets=[0]", "teacher.max_new_tokens=12"]
 QUICK_SET = ["train.steps=3", "eval.every=3", "train.checkpoint_every=3", "teacher.max_new_tokens=12",
              "eval.offsets=[0]", "data.max_prompt_tokens=48"]
 
@@ -228,17 +231,65 @@ def build_ar_drafter(work: Path, target: Path) -> Path:
     return publish(out, target, record)
 
 
+def register_default(target: Path) -> str:
+    """The embedded verifier and the drafter built in ``target`` as family ``smollm2`` in the registry (MLflow: the
+    embedded sqlite store under $SPECDIFF_HOME unless MLFLOW_TRACKING_URI is set), evaluated on the build's held-out
+    prompts and promoted to ``production`` if its τ is at least the current production pair's. Idempotent: the
+    verifier (by digest) and a drafter (by its build record) are registered once. Returns the promotion verdict."""
+    import hashlib
+
+    from specdiff.distill import load_config
+    from specdiff.distill.evaluate import HeldoutSpec
+    from specdiff.distill.teacher import verifier_record
+    from specdiff.models import resolve_model_path
+    from specdiff.registry import DRAFTER_PREFIX, VERIFIER_PREFIX, Registry, config_digests, model_uri
+
+    reg = Registry()
+
+    def registered(name: str, tag: str, value: str):
+        if not reg.client.search_registered_models(f"name = '{name}'"):
+            return None
+        return next((v for v in reversed(reg.versions(name)) if v.tags.get(tag) == value), None)
+
+    verifier_dir = resolve_model_path(DEFAULT_VERIFIER)
+    digest = verifier_record(verifier_dir).digest
+    verifier = registered(VERIFIER_PREFIX + FAMILY, "specdiff.digest", digest)
+    if verifier is None:
+        print(f"registering the verifier {DEFAULT_VERIFIER} (copies its weights into the registry's artifacts)",
+              flush=True)
+        verifier = reg.register_verifier(FAMILY, verifier_dir, source=DEFAULT_VERIFIER)
+    build = "sha256:" + hashlib.sha256((target / "build.json").read_bytes()).hexdigest()
+    cfg = load_config(CONFIGS / "smollm2-streak.yaml", [f"data.heldout={work_dir() / 'heldout.jsonl'}",
+                                                        *(QUICK_EVAL if quick() else [])], check_paths=False)
+    spec = HeldoutSpec.from_config(cfg)
+    drafter = registered(DRAFTER_PREFIX + FAMILY, "specdiff.build", build)
+    if drafter is None:
+        print("registering the drafter: evaluating it on the build's held-out prompts", flush=True)
+        config_digest, data_digest = config_digests(cfg.model_dump(mode="json"))
+        drafter = reg.register_drafter(FAMILY, target, verifier, spec, config_digest=config_digest,
+                                       data_digest=data_digest, tags={"specdiff.build": build})
+    _, reason = reg.promote(FAMILY, drafter, spec)
+    print(f"{model_uri(verifier)} + {model_uri(drafter)} (tau {float(drafter.tags['specdiff.eval.tau']):.3f}): "
+          f"{reason}", flush=True)
+    return reason
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ablations", action="store_true", help="also build the bench's ablation drafters")
     parser.add_argument("--force", action="store_true", help="rebuild what exists")
+    parser.add_argument("--register", action="store_true",
+                        help=f"register the verifier and the default drafter in the registry as family {FAMILY!r} and "
+                        "promote the pair if it is at least as good as production (docs/registry.md)")
     args = parser.parse_args(argv)
     try:
-        build_default(force=args.force)
+        target = build_default(force=args.force)
+        if args.register:
+            register_default(target)
         if args.ablations:
             for kind, path in build_ablations(force=args.force).items():
                 print(f"{kind}: {path}")
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -65,6 +65,22 @@ def test_main_job_builds_the_default_drafter_once_then_runs_offline(specdiff_hom
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "building the default drafter" not in second.stdout and f"drafter: {built}" in second.stdout
 
+    # --register: the pair goes into the registry and becomes production; a second call registers nothing new.
+    uri = f"sqlite:///{specdiff_home / 'registry-test.db'}"
+    register = ["jobs/build_drafter.py", "--register"]
+    first_reg = run_job(register, specdiff_home, SPECDIFF_BUILD_QUICK="1", MLFLOW_TRACKING_URI=uri)
+    assert first_reg.returncode == 0, first_reg.stdout[-3000:] + first_reg.stderr[-3000:]
+    assert "registering the verifier" in first_reg.stdout and "promoted" in first_reg.stdout
+    again = run_job(register, specdiff_home, SPECDIFF_BUILD_QUICK="1", MLFLOW_TRACKING_URI=uri)
+    assert again.returncode == 0 and "registering" not in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
+    from specdiff.registry import Registry
+
+    reg = Registry(uri)
+    drafter = reg.production("smollm2")
+    assert drafter is not None and str(drafter.version) == "1" and drafter.tags["specdiff.build"].startswith("sha256:")
+    recorded = json.loads((built / "specdiff_drafter.json").read_text())["verifier"]["digest"]
+    assert drafter.tags["specdiff.verifier.digest"] == recorded and float(drafter.tags["specdiff.eval.tau"]) >= 1.0
+
 
 def test_bench_quick_writes_table_json_and_plot(smollm, specdiff_home, tmp_path):
     from specdiff import save_drafter
