@@ -247,9 +247,8 @@ def register_default(target: Path) -> str:
     reg = Registry()
 
     def registered(name: str, tag: str, value: str):
-        if not reg.client.search_registered_models(f"name = '{name}'"):
-            return None
-        return next((v for v in reversed(reg.versions(name)) if v.tags.get(tag) == value), None)
+        """The newest version of ``name`` tagged ``tag=value``, or None."""
+        return next(reversed(reg.tagged(name, tag, value)), None)
 
     verifier_dir = resolve_model_path(DEFAULT_VERIFIER)
     digest = verifier_record(verifier_dir).digest

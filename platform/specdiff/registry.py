@@ -266,12 +266,15 @@ class Registry:
                 return None
             raise
 
+    def tagged(self, name: str, tag: str, value: str) -> list[ModelVersion]:
+        """Versions of ``name`` whose tag ``tag`` is ``value``, oldest first; none when the model does not exist yet."""
+        if not self.client.search_registered_models(f"name = '{name}'"):
+            return []
+        return [v for v in self.versions(name) if v.tags.get(tag) == value]
+
     def aligned(self, family: str, verifier_version: str) -> list[ModelVersion]:
         """Drafter versions distilled against exactly this verifier version."""
-        if not self.client.search_registered_models(f"name = '{DRAFTER_PREFIX + family}'"):
-            return []
-        return [v for v in self.versions(DRAFTER_PREFIX + family)
-                if v.tags.get("specdiff.verifier.version") == str(verifier_version)]
+        return self.tagged(DRAFTER_PREFIX + family, "specdiff.verifier.version", str(verifier_version))
 
     def local_dir(self, version: ModelVersion) -> Path:
         """The weights folder of a model version, downloaded once into the state directory (versions are
