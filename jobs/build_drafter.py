@@ -1,17 +1,20 @@
 """Build the embedded default drafter for SmolLM2-135M-Instruct with the project's own pipeline.
 
     python jobs/build_drafter.py               # the default drafter -> $SPECDIFF_HOME/drafters/default
-    python jobs/build_drafter.py --ablations   # + AR-distilled, naive-window and HF-assisted AR drafters (bench)
+    python jobs/build_drafter.py --ablations   # + the bench's ablation drafters (objectives, standalone, AR)
     python jobs/build_drafter.py --force       # rebuild even if a drafter is there
     python jobs/build_drafter.py --register    # + register the pair in the MLflow registry, promote it to production
 
 Recipe (configs in jobs/configs/, each stage one `jobs/distill.py` run on a local Ray):
-  1. teacher: the frozen verifier samples completions for the training prompts (specdiff.prompts: code, math,
-     chat train splits), written once to parquet and reused by every later stage;
-  2. smollm2-mdm.yaml: masked-diffusion pretraining of a drafter made of verifier layers (block attention);
-  3. smollm2-streak.yaml: streak-distillation (SpecDiff-2 Eq. 6) from stage 2.
-With --ablations, stage 3 is repeated from the same stage-2 drafter with objective.kind=ar_distill and naive, and
-an AR drafter of the same layers is trained on the same trajectories for HF assisted generation.
+  1. teacher: the frozen verifier decodes the training prompts greedily (specdiff.prompts: code, math, chat train
+     splits) and keeps its tapped hidden states from the same passes; written once to parquet and reused by every
+     later stage;
+  2. smollm2-feature.yaml: a drafter conditioned on the verifier's hidden states (DFlash-style), streak-distilled
+     (SpecDiff-2 Eq. 6) after a decayed-CE warm-up.
+With --ablations, the same feature drafter is trained on the same data with objective.kind=decayed_ce (DFlash) and
+ar_distill; the standalone masked-diffusion drafter (the paper's configuration: verifier layers over the prefix,
+smollm2-mdm.yaml then smollm2-streak.yaml) is built with its own ablations, and an AR drafter of the same layers
+for HF assisted generation.
 Work files and logs live in $SPECDIFF_HOME/build/smollm2; an interrupted build resumes from the last checkpoint.
 SPECDIFF_BUILD_QUICK=1 shrinks every stage to a few steps on a few prompts (CI smoke tests of this pipeline; the
 drafter it makes is not useful).
@@ -35,7 +38,8 @@ from specdiff.models import DEFAULT_VERIFIER, state_dir
 
 JOBS = Path(__file__).resolve().parent
 CONFIGS = JOBS / "configs"
-ABLATIONS = ("ar_distill", "naive")
+ABLATIONS = ("ar_distill", "naive")  # of the standalone drafter
+FEATURE_ABLATIONS = ("decayed_ce", "ar_distill")  # of the feature drafter (same data, same drafter)
 STEP = re.compile(r"\[distill\] step (\d+)/(\d+) loss (-?[0-9.]+)")
 EVAL = re.compile(r"\[distill\] eval step (\d+): expected streak ([0-9.]+)")
 TEACHER = re.compile(r"\[teacher\] (\d+) trajectories sampled")
@@ -73,14 +77,14 @@ def write_prompts(work: Path) -> tuple[Path, Path]:
     from specdiff.prompts import DOMAINS, chat_prompt_ids, load_prompts
 
     model, tokenizer = load_causal_lm(DEFAULT_VERIFIER, torch.bfloat16)
-    limits = {"train": {"code": None, "math": 160, "chat": None}, "eval": {"code": 6, "math": 6, "chat": 4}}
+    limits = {"train": {"code": None, "math": None, "chat": None}, "eval": {"code": 6, "math": 6, "chat": 4}}
     if quick():
         limits = {split: dict.fromkeys(DOMAINS, 2) for split in limits}
     rows = {split: [{"domain": d, "prompt_ids": chat_prompt_ids(tokenizer, text)} for d in DOMAINS
                     for text in load_prompts(d, split, limits[split][d])] for split in limits}
-    mdm = yaml.safe_load((CONFIGS / "smollm2-mdm.yaml").read_text())
-    new_tokens = 12 if quick() else mdm["teacher"]["max_new_tokens"]
-    prompts = [r["prompt_ids"][-mdm["data"]["max_prompt_tokens"]:] for r in rows["eval"]]
+    recipe = yaml.safe_load((CONFIGS / "smollm2-feature.yaml").read_text())
+    new_tokens = 12 if quick() else recipe["teacher"]["max_new_tokens"]
+    prompts = [r["prompt_ids"][-recipe["data"]["max_prompt_tokens"]:] for r in rows["eval"]]
     completions, _, _ = sample_completions(HFModel(model), prompts, new_tokens, SamplingParams(0.0), 0, None)
     for r, p, c in zip(rows["eval"], prompts, completions.tolist()):
         r.update(prompt_ids=p, completion_ids=c)
@@ -167,22 +171,47 @@ def build_default(force: bool = False) -> Path:
     began = time.perf_counter()
     print(f"building the default drafter for {DEFAULT_VERIFIER} (once; logs in {work})", flush=True)
     write_prompts(work)
-    mdm = distill("1/2 masked-diffusion pretraining", "smollm2-mdm.yaml", work, "mdm", [])
-    streak = distill("2/2 streak-distillation", "smollm2-streak.yaml", work, "streak",
-                     [f"drafter.path={work / 'mdm'}"])
-    record = {"recipe": ["jobs/configs/smollm2-mdm.yaml", "jobs/configs/smollm2-streak.yaml"],
-              "stages": {"mdm": mdm, "streak": streak}, "wall_s": round(time.perf_counter() - began, 1)}
-    publish(work / "streak", target, record)
-    print(f"default drafter ready in {record['wall_s'] / 60:.1f} min: {target} (held-out expected streak "
-          f"{mdm.get('initial_expected_streak') or 0:.3f} -> {streak.get('expected_streak') or 0:.3f})", flush=True)
+    prompts_s = time.perf_counter() - began
+    feature = distill("feature drafter: teacher + streak-distillation", "smollm2-feature.yaml", work, "feature", [])
+    record = {"recipe": ["jobs/configs/smollm2-feature.yaml"], "stages": {"feature": feature},
+              "prompts_s": round(prompts_s, 1), "wall_s": round(time.perf_counter() - began, 1)}
+    publish(work / "feature", target, record)
+    print(f"default drafter ready in {record['wall_s'] / 60:.1f} min: {target}\n"
+          f"  stage times: prompts + held-out trajectories {prompts_s:.0f} s, teacher + training "
+          f"{feature['wall_s']:.0f} s\n  held-out expected streak {feature.get('initial_expected_streak') or 0:.3f} "
+          f"-> {feature.get('expected_streak') or 0:.3f}", flush=True)
     return target
 
 
-def build_ablations(force: bool = False) -> dict[str, Path]:
-    """The stage-1 drafter (unaligned), AR-distilled and naive-window drafters trained from it like the default, and
-    the HF-assisted AR drafter."""
+def build_standalone(force: bool = False) -> Path:
+    """The paper's configuration: a standalone masked-diffusion drafter (verifier layers over the prefix), MDM
+    pretraining then streak-distillation, on the default build's trajectories."""
     build_default()
-    work, out = work_dir(), {"mdm": drafters_dir() / "smollm2-mdm"}
+    work, target = work_dir(), drafters_dir() / "smollm2-standalone"
+    if target.is_dir() and not force:
+        return target
+    mdm = distill("standalone 1/2 masked-diffusion pretraining", "smollm2-mdm.yaml", work, "mdm", [])
+    streak = distill("standalone 2/2 streak-distillation", "smollm2-streak.yaml", work, "streak",
+                     [f"drafter.path={work / 'mdm'}"])
+    return publish(work / "streak", target, {"recipe": ["jobs/configs/smollm2-mdm.yaml",
+                                                        "jobs/configs/smollm2-streak.yaml"],
+                                             "stages": {"mdm": mdm, "streak": streak}})
+
+
+def build_ablations(force: bool = False) -> dict[str, Path]:
+    """The feature drafter trained with the other objectives (same data), the standalone drafter, its stage-1
+    (unaligned), AR-distilled and naive-window siblings, and the HF-assisted AR drafter."""
+    build_default()
+    work, out = work_dir(), {}
+    for kind in FEATURE_ABLATIONS:
+        target = drafters_dir() / f"smollm2-feature-{kind}"
+        if force or not target.is_dir():
+            summary = distill(f"feature ablation {kind}", "smollm2-feature.yaml", work, f"feature-{kind}",
+                              [f"objective.kind={kind}", "objective.warmup_ce_steps=0"])
+            publish(work / f"feature-{kind}", target, {"stage": summary, "objective": kind})
+        out[f"feature-{kind}"] = target
+    out["standalone"] = build_standalone(force)
+    out["mdm"] = drafters_dir() / "smollm2-mdm"
     if force or not out["mdm"].is_dir():  # "unaligned": masked-diffusion pretraining only, no distillation
         publish(work / "mdm", out["mdm"], {"stage": "mdm"})
     for kind in ABLATIONS:
@@ -257,7 +286,7 @@ def register_default(target: Path) -> str:
               flush=True)
         verifier = reg.register_verifier(FAMILY, verifier_dir, source=DEFAULT_VERIFIER)
     build = "sha256:" + hashlib.sha256((target / "build.json").read_bytes()).hexdigest()
-    cfg = load_config(CONFIGS / "smollm2-streak.yaml", [f"data.heldout={work_dir() / 'heldout.jsonl'}",
+    cfg = load_config(CONFIGS / "smollm2-feature.yaml", [f"data.heldout={work_dir() / 'heldout.jsonl'}",
                                                         *(QUICK_EVAL if quick() else [])], check_paths=False)
     spec = HeldoutSpec.from_config(cfg)
     drafter = registered(DRAFTER_PREFIX + FAMILY, "specdiff.build", build)

@@ -17,6 +17,7 @@ from scipy.stats import chisquare
 
 from helpers import FixedDrafter, full_logprobs, tiny_llama
 from specdiff import HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, build_tree, greedy_accept
+from specdiff.feature_drafter import build_feature_drafter
 from specdiff.sampling import target_probs
 from specdiff.selection import sample_candidates
 
@@ -37,6 +38,16 @@ def drafter():
     g = torch.Generator().manual_seed(7)
     logits = torch.randn(4, V, generator=g) * 2.0
     return FixedDrafter(logits.softmax(-1))
+
+
+@pytest.fixture(scope="module")
+def feature_drafter(model):
+    # Conditioned on the verifier's hidden states (random weights: it disagrees with the verifier).
+    return build_feature_drafter(model, num_layers=1, seed=3, init_from_verifier=False)
+
+
+def verifier_for(model, drafter) -> HFVerifier:
+    return HFVerifier(model, tap_layers=getattr(drafter, "tap_layers", None))
 
 
 def exact_joint(model, sampling: SamplingParams) -> dict[tuple[int, int], float]:
@@ -73,8 +84,11 @@ def empirical(generate, runs: int = RUNS) -> Counter:
 def biased_generate(model, drafter, sampling, spec, seed) -> list[int]:
     """The known-wrong rule: run greedy acceptance (with coins) on every candidate, keep the longest."""
     gen = torch.Generator().manual_seed(seed)
-    session = HFVerifier(model).start(PROMPT)
-    marginals = drafter.propose(session.tokens, spec.gamma)
+    session = verifier_for(model, drafter).start(PROMPT)
+    if getattr(drafter, "needs_features", False):
+        marginals = drafter.propose(session.tokens, spec.gamma, session.features)
+    else:
+        marginals = drafter.propose(session.tokens, spec.gamma)
     candidates, _ = sample_candidates(marginals, spec.num_candidates, spec.draft_temperature, gen)
     tree = build_tree(session.tokens[-1], candidates)
     probs = target_probs(session.score(tree), sampling)
@@ -126,3 +140,23 @@ def test_biased_keep_longest_rule_fails(model, drafter, temperature):
     counts = empirical(lambda seed: biased_generate(model, drafter, sampling, spec, seed))
     p = chi_square_p(counts, exact_joint(model, sampling), RUNS)
     assert p < 1e-6, f"the biased rule should be detected, got chi-square p={p:.2e}"
+
+
+@pytest.mark.parametrize("temperature,k", [(0.7, 4)])
+def test_feature_drafter_output_follows_verifier_distribution(model, feature_drafter, temperature, k):
+    sampling = SamplingParams(temperature=temperature)
+    spec = SpecConfig(gamma=2, num_candidates=k, draft_temperature=1.5)
+    decoder = SpeculativeDecoder(feature_drafter, verifier_for(model, feature_drafter))
+    counts = empirical(
+        lambda seed: decoder.generate(PROMPT, max_new_tokens=3, sampling=sampling, spec=spec, seed=seed).tokens
+    )
+    p = chi_square_p(counts, exact_joint(model, sampling), RUNS)
+    assert p > PASS_P, f"feature drafter T={temperature} K={k}: chi-square p={p:.2e}"
+
+
+def test_feature_drafter_biased_keep_longest_rule_fails(model, feature_drafter):
+    sampling = SamplingParams(temperature=1.0)
+    spec = SpecConfig(gamma=2, num_candidates=8, draft_temperature=1.5)
+    counts = empirical(lambda seed: biased_generate(model, feature_drafter, sampling, spec, seed))
+    p = chi_square_p(counts, exact_joint(model, sampling), RUNS)
+    assert p < 1e-6, f"the biased rule should be detected with the feature drafter, got chi-square p={p:.2e}"

@@ -360,13 +360,34 @@ def save_drafter(drafter: HFDiffusionDrafter, path: str | Path, **record) -> Pat
     return path
 
 
-def load_drafter(path: str | Path, *, dtype: torch.dtype | None = None) -> HFDiffusionDrafter:
+def drafter_meta(path: str | Path) -> dict:
+    """The JSON record of a drafter folder of either kind (drafter config or feature config, plus lineage)."""
+    from .feature_drafter import FEATURE_DRAFTER_META
+
+    for name in (DRAFTER_META, FEATURE_DRAFTER_META):
+        if (Path(path) / name).is_file():
+            return json.loads((Path(path) / name).read_text())
+    raise ValueError(f"drafter path must hold {DRAFTER_META} or {FEATURE_DRAFTER_META}, got {str(path)!r}")
+
+
+def load_drafter(path: str | Path, *, dtype: torch.dtype | None = None, verifier: torch.nn.Module | None = None,
+                 verifier_digest: str | None = None):
+    """A drafter folder: a standalone diffusion drafter (``save_drafter``), or a feature drafter
+    (``save_feature_drafter``), which reads ``verifier``'s hidden states, embeddings and head and so needs it."""
     from transformers import AutoModelForCausalLM
 
+    from .feature_drafter import is_feature_drafter, load_feature_drafter
+
     path = Path(path)
+    if is_feature_drafter(path):
+        if verifier is None:
+            raise ValueError(f"drafter {str(path)!r} is conditioned on its verifier's hidden states: pass "
+                             "verifier=<the verifier model> to load it")
+        return load_feature_drafter(path, verifier, dtype=dtype, verifier_digest=verifier_digest)
     meta_file = path / DRAFTER_META
     if not meta_file.is_file():
-        raise ValueError(f"drafter path must hold {DRAFTER_META} (written by save_drafter), got {str(path)!r}")
+        raise ValueError(f"drafter path must hold {DRAFTER_META} (written by save_drafter) or a feature drafter's "
+                         f"specdiff_feature_drafter.json, got {str(path)!r}")
     meta = json.loads(meta_file.read_text())
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return HFDiffusionDrafter(model, DrafterConfig(**meta["drafter_config"]))

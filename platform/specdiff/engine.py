@@ -187,6 +187,22 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.verifier = verifier
         self.decode = decode
+        self._propose = self._propose_plain
+        if getattr(drafter, "needs_features", False):
+            wanted, have = tuple(drafter.tap_layers), tuple(getattr(verifier, "tap_layers", None) or ())
+            if wanted != have:
+                raise ValueError(
+                    f"the drafter reads the verifier's layers {list(wanted)}, but the verifier taps {list(have)}; "
+                    f"build it with tap_layers={list(wanted)} (e.g. HFVerifier(model, tap_layers=...))"
+                )
+            self._propose = self._propose_with_features
+
+    def _propose_plain(self, session: VerifierSession, gamma: int) -> torch.Tensor:
+        return self.drafter.propose(session.tokens, gamma)
+
+    def _propose_with_features(self, session: VerifierSession, gamma: int) -> torch.Tensor:
+        # The verifier's tapped states of every committed token: the feature drafter's context.
+        return self.drafter.propose(session.tokens, gamma, session.features)
 
     def generate(
         self,
@@ -243,7 +259,7 @@ class SpeculativeDecoder:
     def _round(self, session: VerifierSession, gamma: int, sampling, spec: SpecConfig, gen, stats) -> list[int]:
         t0 = time.perf_counter()
         try:
-            marginals = self.drafter.propose(session.tokens, gamma)  # [gamma, V]
+            marginals = self._propose(session, gamma)  # [gamma, V]
         except DrafterUnavailable:
             # A verifier-only step samples from p itself, so the output stays exact; nothing was drawn from gen yet.
             stats.drafter_s += time.perf_counter() - t0

@@ -49,13 +49,22 @@ class HFModel:
         position_ids: torch.Tensor | None = None,
         cache=None,
         last: int | None = None,
-    ) -> torch.Tensor:
-        """Forward pass -> logits [B, S or last, V]. ``last`` computes the LM head on the last positions only."""
+        taps: tuple[int, ...] | None = None,
+    ):
+        """Forward pass -> logits [B, S or last, V]. ``last`` computes the LM head on the last positions only.
+
+        ``taps`` (decoder layer indices): also return the outputs of those layers from the same pass, concatenated
+        -> (logits, features [B, S, len(taps) * H]); layer i's output is Hugging Face's ``hidden_states[i + 1]``."""
         kwargs = {"attention_mask": attention_mask, "position_ids": position_ids, "use_cache": cache is not None}
         if cache is not None:
             kwargs[self._cache_kwarg] = cache
         if last is not None and self._keeps_logits:
             kwargs["logits_to_keep"] = last
+        if taps:
+            kwargs["output_hidden_states"] = True
         out = self.runner(input_ids=input_ids.to(self.device), **kwargs)
         logits = out.logits
-        return logits[:, -last:] if last is not None else logits
+        logits = logits[:, -last:] if last is not None else logits
+        if not taps:
+            return logits
+        return logits, torch.cat([out.hidden_states[i + 1] for i in taps], -1)

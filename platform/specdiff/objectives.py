@@ -29,12 +29,21 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
+# log q of a label the drafter cannot emit (outside its draft vocabulary, label id -1): a constant, no gradient.
+UNREACHABLE_LOGP = -30.0
+
+
 def label_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log q_j(label_j) at ``temperature``. logits: [B, γ, V]; labels: [B, γ] long -> [B, γ] float32."""
+    """log q_j(label_j) at ``temperature``. logits: [B, γ, V]; labels: [B, γ] long -> [B, γ] float32.
+
+    A label of -1 (a token outside a draft vocabulary) gets ``UNREACHABLE_LOGP``: the window's streak stops there,
+    and no gradient pretends the drafter could have produced it."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for a differentiable objective, got {temperature!r}")
     logq = (_upcast(logits) / temperature).log_softmax(-1)
-    return logq.gather(-1, labels[..., None]).squeeze(-1)
+    reachable = labels >= 0
+    picked = logq.gather(-1, labels.clamp_min(0)[..., None]).squeeze(-1)
+    return torch.where(reachable, picked, torch.full_like(picked, UNREACHABLE_LOGP))
 
 
 def log_expected_streak(logp: torch.Tensor) -> torch.Tensor:
@@ -53,8 +62,28 @@ def streak_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float =
 
 
 def naive_window_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Uniform cross-entropy over every window position: −mean_{b,j} log q_j(label_j)."""
-    return -label_logprobs(logits, labels, temperature).mean()
+    """Uniform cross-entropy over every window position: −mean_{b,j} log q_j(label_j) (labels of -1 left out)."""
+    reachable = labels >= 0
+    return -(label_logprobs(logits, labels, temperature) * reachable).sum() / reachable.sum().clamp_min(1)
+
+
+def decayed_ce_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float = 4.0,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """DFlash's objective: cross-entropy with weight exp(−(j−1)/decay) at window position j (early positions
+    matter most, since a rejection ends the streak), normalised by the weights' sum."""
+    if decay <= 0:
+        raise ValueError(f"decay must be > 0, got {decay!r}")
+    logp = label_logprobs(logits, labels, temperature)  # [B, γ]
+    weights = torch.exp(-torch.arange(logp.shape[-1], dtype=logp.dtype, device=logp.device) / decay)
+    weights = weights * (labels >= 0)  # a label outside a draft vocabulary teaches nothing: left out
+    return -(logp * weights).sum() / weights.sum().clamp_min(1e-9)
+
+
+def ar_distill_first_position_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """AR-distill from sampled teacher labels: −mean log q_1(label_1), the first window position only. The label
+    is a sample of the verifier's p, so this is an unbiased estimate of KL(p ‖ q_1)'s gradient (exact at T=0,
+    where p is one-hot)."""
+    return naive_window_loss(logits[:, :1], labels[:, :1], temperature)
 
 
 def ar_distill_loss(

@@ -136,7 +136,13 @@ class DrafterModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context):
         from .drafter import load_drafter
+        from .feature_drafter import is_feature_drafter
 
+        if is_feature_drafter(context.artifacts["drafter"]):
+            # It reads its verifier's hidden states: load the pair with Registry.resolve_pair instead.
+            raise ValueError("a feature drafter cannot run alone as a pyfunc; load the pair with "
+                             "specdiff.registry.Registry().resolve_pair(uri) and specdiff.load_drafter(dir, "
+                             "verifier=...)")
         self.drafter = load_drafter(context.artifacts["drafter"])
 
     def predict(self, context, model_input: list[DraftRequest], params: dict | None = None) -> list[list[int]]:
@@ -319,9 +325,9 @@ class Registry:
         verifier digest: a drafter is aligned only to the verifier it was distilled against."""
         from .distill.evaluate import EvalResult, alpha_plot, evaluate_pair
         from .distill.teacher import load_verifier_model
-        from .drafter import DRAFTER_META, load_drafter
+        from .drafter import drafter_meta, load_drafter
 
-        meta = json.loads((Path(drafter_dir) / DRAFTER_META).read_text())
+        meta = drafter_meta(drafter_dir)
         recorded = (meta.get("verifier") or {}).get("digest")
         digest = verifier.tags["specdiff.digest"]
         if recorded != digest:
@@ -330,8 +336,8 @@ class Registry:
         if config_digest is None:  # registered by hand: the training record stands in for the config
             config_digest = "sha256:" + hashlib.sha256(
                 json.dumps(meta.get("training"), sort_keys=True).encode()).hexdigest()
-        result: EvalResult = evaluate_pair(load_drafter(drafter_dir),
-                                           load_verifier_model(self.local_dir(verifier)), spec)
+        verifier_model = load_verifier_model(self.local_dir(verifier))
+        result: EvalResult = evaluate_pair(load_drafter(drafter_dir, verifier=verifier_model), verifier_model, spec)
         tau = 1 + result.expected_streak
         version_tags = {
             "specdiff.role": "drafter",
@@ -341,8 +347,11 @@ class Registry:
             "specdiff.eval.tau": f"{tau:.6f}", "specdiff.eval.expected_streak": f"{result.expected_streak:.6f}",
             "specdiff.eval.alpha": json.dumps([round(a, 6) for a in result.alpha]),
             "specdiff.eval.spec_digest": spec.digest(), "specdiff.eval.windows": str(result.windows),
+            "specdiff.drafter.kind": meta.get("kind", "diffusion"),
             **(tags or {}),
         }
+        if meta.get("kind") == "feature":  # it reads these verifier layers: re-alignment must keep or retrain them
+            version_tags["specdiff.drafter.tap_layers"] = json.dumps(meta["config"]["target_layer_ids"])
         self._model(DRAFTER_PREFIX + family, "drafter", family)
 
         def log_eval():
@@ -386,7 +395,8 @@ class Registry:
         from .drafter import load_drafter
 
         pair = self.resolve_pair(model_uri(drafter))
-        result = evaluate_pair(load_drafter(pair.drafter_dir), load_verifier_model(pair.verifier_dir), spec)
+        verifier_model = load_verifier_model(pair.verifier_dir)
+        result = evaluate_pair(load_drafter(pair.drafter_dir, verifier=verifier_model), verifier_model, spec)
         return 1 + result.expected_streak
 
     def promote(self, family: str, candidate: ModelVersion, spec, *, force: bool = False) -> tuple[bool, str]:

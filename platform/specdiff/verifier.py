@@ -19,6 +19,8 @@ from .tree import TokenTree
 
 class VerifierSession(Protocol):
     tokens: list[int]
+    # Tapped hidden states [len(tokens) - 1, taps * H] of every token but the pending one (None: no taps).
+    features: torch.Tensor | None
 
     def score(self, tree: TokenTree) -> torch.Tensor:
         """Log-probs [N+1, V] (float32) of the next token at every node of ``tree``."""
@@ -32,6 +34,7 @@ class VerifierSession(Protocol):
 class Verifier(Protocol):
     vocab_size: int
     max_context: int | None
+    tap_layers: tuple[int, ...] | None  # layers whose outputs sessions keep as ``features`` (a feature drafter's)
 
     def start(self, prompt: Sequence[int]) -> VerifierSession: ...
 
@@ -49,12 +52,22 @@ def check_prompt(prompt: Sequence[int], max_context: int | None, vocab_size: int
 
 
 class HFVerifier:
-    """Verifier backend over any Hugging Face causal LM whose attention accepts a custom 4D mask."""
+    """Verifier backend over any Hugging Face causal LM whose attention accepts a custom 4D mask.
 
-    def __init__(self, model: torch.nn.Module, *, max_context: int | None = None):
+    ``tap_layers``: decoder layers whose outputs each session keeps for every committed token (``features``), read
+    from the same forward passes that score the trees: a feature drafter's context, at no extra verifier pass."""
+
+    def __init__(self, model: torch.nn.Module, *, max_context: int | None = None,
+                 tap_layers: Sequence[int] | None = None):
         self.hf = HFModel(model)
         self.vocab_size = self.hf.vocab_size
         self.max_context = max_context or self.hf.max_context
+        layers = int(getattr(model.config, "num_hidden_layers", 0) or 0)
+        self.tap_layers = tuple(int(i) for i in tap_layers) if tap_layers else None
+        bad = [i for i in self.tap_layers or () if not 0 <= i < layers]
+        if bad:
+            raise ValueError(f"tap_layers must index the verifier's {layers} layers, got {list(tap_layers)}")
+        self.hidden_size = int(getattr(model.config, "hidden_size", 0) or 0)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -69,11 +82,17 @@ class HFVerifierSession:
         from transformers import DynamicCache
 
         self.hf = verifier.hf
+        self.taps = verifier.tap_layers
         self.tokens = list(prompt)
         self.cache = DynamicCache()
         self._scored: TokenTree | None = None
+        self._tree_features: torch.Tensor | None = None
+        width = len(self.taps) * verifier.hidden_size if self.taps else 0
+        self.features = torch.zeros(0, width, dtype=self.hf.dtype) if self.taps else None
         if len(prompt) > 1:  # prefill everything but the pending token
-            self.hf.logits(torch.tensor([prompt[:-1]]), cache=self.cache, last=1)
+            out = self.hf.logits(torch.tensor([prompt[:-1]]), cache=self.cache, last=1, taps=self.taps)
+            if self.taps:
+                self.features = out[1][0].cpu()
 
     @property
     def cached(self) -> int:
@@ -91,8 +110,12 @@ class HFVerifierSession:
         allowed[0, :, prefix:] = tree.attention_mask()
         positions = (prefix + tree.depth)[None]  # [1, N+1]
         logits = self.hf.logits(
-            tree.tokens[None], attention_mask=self.hf.additive_mask(allowed), position_ids=positions, cache=self.cache
+            tree.tokens[None], attention_mask=self.hf.additive_mask(allowed), position_ids=positions, cache=self.cache,
+            taps=self.taps,
         )
+        if self.taps:
+            logits, features = logits
+            self._tree_features = features[0].cpu()  # [N+1, taps*H]
         self._scored = tree
         return logits[0].float().log_softmax(-1).cpu()
 
@@ -114,4 +137,7 @@ class HFVerifierSession:
             layer.values = layer.values[..., :keep, :]
         self.tokens.extend(int(self._scored.tokens[i]) for i in path)
         self.tokens.append(int(next_token))
+        if self.taps:  # the root and the accepted nodes are now committed: their states join the context
+            self.features = torch.cat([self.features, self._tree_features[[0, *path]]])
+            self._tree_features = None
         self._scored = None

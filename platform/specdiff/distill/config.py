@@ -85,9 +85,16 @@ class TeacherSection(Section):
 
 
 class DrafterSection(Section):
-    init: Literal["from_verifier", "small", "pretrained"] = Field("from_verifier", description="from_verifier: "
-        "inherit the verifier's embeddings/head and `num_layers` layers; small: random Llama-shaped; pretrained: "
-        "load_drafter(path).")
+    init: Literal["from_verifier", "small", "pretrained", "feature"] = Field("from_verifier", description=
+        "from_verifier: inherit the verifier's embeddings/head and `num_layers` layers; small: random "
+        "Llama-shaped; pretrained: load_drafter(path) (a feature drafter folder too); feature: a new drafter "
+        "conditioned on the verifier's hidden states (DFlash-style, `num_layers` draft layers, no embeddings or "
+        "head of its own).")
+    target_layer_ids: list[int] | None = Field(None, description="feature: verifier layers whose outputs are the "
+                                               "context (default: three evenly spaced from layer 1 to N-3).")
+    draft_vocab_size: int | None = Field(8192, ge=2, description="feature: the drafter scores only the N most "
+                                         "frequent tokens of the training data (None: the whole vocabulary); "
+                                         "others are never drafted, verification is unchanged.")
     path: str | None = Field(None, description="Drafter folder for init=pretrained.")
     num_layers: int = Field(2, ge=1, description="Layers (from_verifier, small).")
     layers: list[int] | None = Field(None, description="from_verifier: which verifier layers to inherit (default: "
@@ -101,8 +108,14 @@ class DrafterSection(Section):
 
 
 class ObjectiveSection(Section):
-    kind: Literal["streak", "ar_distill", "naive", "mdm"] = Field("streak", description="streak: Eq. 6; "
-        "ar_distill: divergence at the first position; naive: uniform CE over the window; mdm: masked diffusion.")
+    kind: Literal["streak", "ar_distill", "naive", "mdm", "decayed_ce"] = Field("streak", description="streak: "
+        "Eq. 6; ar_distill: divergence at the first position; naive: uniform CE over the window; mdm: masked "
+        "diffusion; decayed_ce: DFlash's CE weighted exp(-(j-1)/decay) (feature drafters).")
+    decay: float = Field(4.0, gt=0, description="decayed_ce: the position decay (DFlash: 4 for gamma 8).")
+    anchors_per_sample: int = Field(32, ge=1, description="feature: blocks cut from each trajectory per step, "
+                                    "all scored in one forward.")
+    warmup_ce_steps: int = Field(0, ge=0, description="feature + streak: the first N steps use decayed_ce (the "
+                                 "streak's gradient vanishes while q is tiny), then Eq. 6.")
     gamma: int = Field(8, ge=1, description="Window length γ.")
     temperature: float = Field(1.0, gt=0, description="Drafter sampling temperature the objective is taken at.")
     windows_per_sample: int = Field(2, ge=1, description="Windows cut per teacher completion.")
@@ -192,7 +205,7 @@ class DistillConfig(Section):
             raise ValueError("data.prompts or data.trajectories must be set, got neither")
         if o.gamma > t.max_new_tokens:
             raise ValueError(f"objective.gamma must be <= teacher.max_new_tokens ({t.max_new_tokens}), got {o.gamma}")
-        if o.kind == "ar_distill" and t.logprobs_k < 1:
+        if o.kind == "ar_distill" and t.logprobs_k < 1 and self.drafter.init != "feature":
             raise ValueError(f"teacher.logprobs_k must be >= 1 for objective.kind='ar_distill', got {t.logprobs_k}")
         if self.train.lora.enabled and self.drafter.init == "small":
             raise ValueError("train.lora.enabled needs drafter.init 'from_verifier' or 'pretrained', got 'small'")
@@ -203,6 +216,15 @@ class DistillConfig(Section):
                              f"rows), got {self.train.weight_decay}")
         if self.drafter.layers is not None and self.drafter.init != "from_verifier":
             raise ValueError(f"drafter.layers needs drafter.init 'from_verifier', got {self.drafter.init!r}")
+        if self.drafter.init == "feature":
+            if o.kind == "mdm" or o.prefix_ar_weight > 0:
+                raise ValueError(f"objective.kind={o.kind!r} / prefix_ar_weight need a standalone drafter; a feature "
+                                 "drafter trains with streak, decayed_ce, naive or ar_distill")
+            if self.train.lora.enabled:
+                raise ValueError("train.lora.enabled is not supported for drafter.init='feature' (it trains all of "
+                                 "its few weights)")
+        elif o.kind == "decayed_ce":
+            raise ValueError("objective.kind='decayed_ce' needs drafter.init='feature'")
         if self.drafter.init == "pretrained" and not self.drafter.path:
             raise ValueError("drafter.path must be set for drafter.init='pretrained', got None")
         bad = [x for x in self.eval.offsets if not 0 <= x < t.max_new_tokens]

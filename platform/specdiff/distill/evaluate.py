@@ -61,11 +61,34 @@ def evaluate_drafter(
     generator: torch.Generator | None = None,
     batch_size: int = 32,
 ) -> EvalResult:
-    streaks, reached, accepted = [], torch.zeros(gamma, dtype=torch.float64), torch.zeros(gamma, dtype=torch.float64)
+    marginals = []
     for start in range(0, len(prefixes), batch_size):
         chunk = bound_prefixes(prefixes[start : start + batch_size], gamma, drafter_config.max_context)
         batch = window_inputs(chunk, gamma, drafter_config.mask_token_id)
-        marginals = window_logits(drafter, batch, drafter_config, grad=False).softmax(-1).cpu()  # [B, γ, V]
+        marginals.append(window_logits(drafter, batch, drafter_config, grad=False).softmax(-1).cpu())  # [B, γ, V]
+    return score_drafts(torch.cat(marginals), prefixes, verifier, gamma, sampling, num_candidates=num_candidates,
+                        draft_temperature=draft_temperature, generator=generator, batch_size=batch_size)
+
+
+@torch.no_grad()
+def score_drafts(
+    all_marginals: torch.Tensor,
+    prefixes: Sequence[Sequence[int]],
+    verifier: HFModel,
+    gamma: int,
+    sampling: SamplingParams,
+    *,
+    num_candidates: int = 1,
+    draft_temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    batch_size: int = 32,
+) -> EvalResult:
+    """Drafter marginals [P, γ, V] of every held-out prefix -> K candidates each, self-selection by the verifier,
+    and α_j / expected streak of the selected ones (any drafter kind)."""
+    streaks, reached, accepted = [], torch.zeros(gamma, dtype=torch.float64), torch.zeros(gamma, dtype=torch.float64)
+    for start in range(0, len(prefixes), batch_size):
+        marginals = all_marginals[start : start + batch_size]
+        chunk = prefixes[start : start + batch_size]
         drafts = torch.stack(
             [sample_candidates(m, num_candidates, draft_temperature, generator)[0] for m in marginals]
         )  # [B, K, γ]
@@ -152,7 +175,9 @@ def read_prompt_ids(path: str) -> list[list[int]]:
 
 @torch.no_grad()
 def evaluate_pair(drafter, verifier_model: torch.nn.Module, spec: HeldoutSpec) -> EvalResult:
-    """``drafter`` (an ``HFDiffusionDrafter``) against ``verifier_model`` (a causal LM) on ``spec``."""
+    """``drafter`` (an ``HFDiffusionDrafter`` or a ``FeatureDrafter``) against ``verifier_model`` (a causal LM) on
+    ``spec``."""
+    from ..feature_drafter import FeatureDrafter
     from .teacher import sample_completions
     from .windows import heldout_prefixes
 
@@ -163,5 +188,10 @@ def evaluate_pair(drafter, verifier_model: torch.nn.Module, spec: HeldoutSpec) -
                                            torch.Generator().manual_seed(spec.seed))
     records = [{"prompt_ids": p, "completion_ids": c} for p, c in zip(prompts, completions.tolist())]
     prefixes = heldout_prefixes(records, spec.offsets)
+    generator = torch.Generator().manual_seed(spec.seed)
+    if isinstance(drafter, FeatureDrafter):
+        from .feature import evaluate_feature_drafter
+
+        return evaluate_feature_drafter(drafter, verifier, prefixes, spec.gamma, sampling, generator=generator)
     return evaluate_drafter(HFModel(drafter.model), drafter.config, verifier, prefixes, spec.gamma, sampling,
-                            generator=torch.Generator().manual_seed(spec.seed))
+                            generator=generator)

@@ -18,8 +18,10 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..feature_drafter import FEATURE_DRAFTER_META, default_tap_layers
 from ..models import resolve_model_path
 from .config import DistillConfig, parse_config
+from .feature import draft_vocabulary
 from .teacher import VerifierRecord, read_records, teacher_dataset, verifier_record
 from .train import DRAFTER_DIR, STATE, train_loop
 from .windows import heldout_prefixes
@@ -81,6 +83,7 @@ def run(cfg: DistillConfig) -> DistillSummary:
     init_ray(cfg)
     ray.data.DataContext.get_current().enable_progress_bars = True
 
+    cfg = resolve_feature_taps(cfg)
     heldout_ds = read_records(cfg.data.heldout, cfg.data.read_cpus)
     if "completion_ids" in heldout_ds.schema().names:  # trajectories already (e.g. written by the teacher once)
         heldout = heldout_ds.take_all()
@@ -89,12 +92,13 @@ def run(cfg: DistillConfig) -> DistillSummary:
     prefixes = heldout_prefixes(heldout, cfg.eval.offsets)
     print(f"[distill] teacher: {len(heldout)} held-out trajectories -> {len(prefixes)} eval windows", flush=True)
     train_ds = training_trajectories(cfg, record)
+    vocabulary = feature_vocabulary(cfg, train_ds)
 
     t = cfg.train
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"config": cfg.model_dump(mode="json"), "verifier_record": record.to_dict(),
-                           "heldout_prefixes": prefixes},
+                           "heldout_prefixes": prefixes, "draft_vocabulary": vocabulary},
         scaling_config=ray.train.ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
                                                resources_per_worker={"CPU": t.cpus_per_worker}),
         run_config=ray.train.RunConfig(
@@ -113,10 +117,15 @@ def run(cfg: DistillConfig) -> DistillSummary:
 
 def training_trajectories(cfg: DistillConfig, record: VerifierRecord):
     """Streamed teacher output, or parquet trajectories (reused, or written first when teacher.save_to is set)."""
+    taps = cfg.drafter.target_layer_ids if is_feature(cfg) else None
     if cfg.data.trajectories:
         print(f"[distill] reusing trajectories from {cfg.data.trajectories}", flush=True)
-        return read_records(cfg.data.trajectories, cfg.data.read_cpus)
-    ds = teacher_dataset(read_records(cfg.data.prompts, cfg.data.read_cpus), record, cfg)
+        ds = read_records(cfg.data.trajectories, cfg.data.read_cpus)
+        if taps and "features" not in ds.schema().names:
+            raise ValueError(f"data.trajectories {cfg.data.trajectories!r} hold no verifier features; a feature "
+                             "drafter needs trajectories written by its own teacher (teacher.save_to)")
+        return ds
+    ds = teacher_dataset(read_records(cfg.data.prompts, cfg.data.read_cpus), record, cfg, taps)
     if cfg.teacher.save_to:
         save_to = cfg.teacher.save_to
         if "://" in save_to:  # remote storage: written in place
@@ -130,6 +139,61 @@ def training_trajectories(cfg: DistillConfig, record: VerifierRecord):
         print(f"[distill] teacher trajectories written to {save_to}", flush=True)
         return read_records(save_to, cfg.data.read_cpus)
     return ds
+
+
+def is_feature(cfg: DistillConfig) -> bool:
+    """A drafter conditioned on the verifier's hidden states: a new one, or a pretrained feature drafter folder."""
+    d = cfg.drafter
+    return d.init == "feature" or (d.init == "pretrained" and (Path(d.path) / FEATURE_DRAFTER_META).is_file())
+
+
+def resolve_feature_taps(cfg: DistillConfig) -> DistillConfig:
+    """Fill ``drafter.target_layer_ids`` for a feature drafter (the pretrained drafter's, else the default for the
+    verifier's depth), so that the teacher, the training loop and the output agree on them."""
+    import json
+
+    from transformers import AutoConfig
+
+    if not is_feature(cfg):
+        return cfg
+    tree = cfg.model_dump(mode="json")
+    d = tree["drafter"]
+    if cfg.drafter.init == "pretrained":
+        meta = json.loads((Path(cfg.drafter.path) / FEATURE_DRAFTER_META).read_text())
+        d["target_layer_ids"] = list(meta["config"]["target_layer_ids"])
+        d["draft_vocab_size"] = meta["config"].get("draft_vocab_size")
+    elif d["target_layer_ids"] is None:
+        d["target_layer_ids"] = default_tap_layers(int(AutoConfig.from_pretrained(cfg.verifier.path).num_hidden_layers))
+    return parse_config(tree)
+
+
+def feature_vocabulary(cfg: DistillConfig, train_ds) -> list[int] | None:
+    """The draft vocabulary of a new feature drafter: the most frequent ids of the training trajectories (prompt
+    and completion tokens), counted once on the driver before training."""
+    if cfg.drafter.init != "feature" or cfg.drafter.draft_vocab_size is None:
+        return None
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(cfg.verifier.path).vocab_size
+    if cfg.drafter.draft_vocab_size >= vocab:
+        raise ValueError(f"drafter.draft_vocab_size must be < the verifier's vocabulary ({vocab}), got "
+                         f"{cfg.drafter.draft_vocab_size}; use null for the whole vocabulary")
+    if cfg.data.trajectories or cfg.teacher.save_to:  # on disk: count the trajectories themselves
+        rows = train_ds.select_columns(["prompt_ids", "completion_ids"]).take_all()
+        token_lists = [list(r["prompt_ids"]) + list(r["completion_ids"]) for r in rows]
+    else:  # streamed: counting completions would run the teacher twice, so count the prompts
+        rows = read_records(cfg.data.prompts, cfg.data.read_cpus).take_all()
+        if rows and "prompt_ids" not in rows[0]:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(cfg.verifier.path)
+            token_lists = [tokenizer(r["prompt"])["input_ids"] for r in rows]
+        else:
+            token_lists = [list(r["prompt_ids"]) for r in rows]
+    ids = draft_vocabulary(token_lists, vocab, cfg.drafter.draft_vocab_size)
+    print(f"[distill] draft vocabulary: the {len(ids)} most frequent of {vocab} tokens in {len(rows)} trajectories",
+          flush=True)
+    return ids.tolist()
 
 
 def summarize(cfg: DistillConfig, record: VerifierRecord, result) -> DistillSummary:

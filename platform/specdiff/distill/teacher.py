@@ -79,17 +79,28 @@ def sample_completions(
     sampling: SamplingParams,
     logprobs_k: int,
     generator: torch.Generator | None,
+    taps: tuple[int, ...] | None = None,
+    features_out: list | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample ``max_new_tokens`` tokens after every prompt from p (``target_probs`` at ``sampling``).
 
     Returns completions [B, N] long, top-k ids [B, N, k] long and top-k log p [B, N, k] float32 (-inf where the
     sampling filter removed the token).
+
+    ``taps``: also collect the outputs of those verifier layers for every prompt token and every completion token
+    but the last (the ones the passes read) from the same forward passes, appended to ``features_out`` as one
+    tensor [P_b + N - 1, taps * H] per prompt (a feature drafter's training context).
     """
     from transformers import DynamicCache
 
     ids, valid, positions = causal_inputs(prompts)
     cache = DynamicCache()
-    logits = hf.logits(ids, attention_mask=valid.long(), position_ids=positions, cache=cache, last=1)[:, -1]
+    out = hf.logits(ids, attention_mask=valid.long(), position_ids=positions, cache=cache, last=1, taps=taps)
+    feats = []
+    if taps:
+        out, prefill = out
+        feats.append(prefill.cpu())
+    logits = out[:, -1]
     mask, pos = valid.long(), positions[:, -1:]
     tokens, top_ids, top_lp = [], [], []
     k = min(logprobs_k, hf.vocab_size)
@@ -105,8 +116,17 @@ def sample_completions(
             break
         mask = torch.cat([mask, torch.ones_like(token)], dim=1)
         pos = pos + 1
-        logits = hf.logits(token, attention_mask=mask, position_ids=pos, cache=cache, last=1)[:, -1]
+        out = hf.logits(token, attention_mask=mask, position_ids=pos, cache=cache, last=1, taps=taps)
+        if taps:
+            out, step_feats = out
+            feats.append(step_feats.cpu())
+        logits = out[:, -1]
     b = len(prompts)
+    if taps and features_out is not None:
+        every = torch.cat(feats, 1)  # [B, L_pad + N - 1, F]; prompts are left-padded
+        pad = ids.shape[1]
+        for i, p in enumerate(prompts):
+            features_out.append(every[i, pad - len(p) :])
     completions = torch.stack(tokens, 1)
     if not k:
         return completions, torch.zeros(b, max_new_tokens, 0, dtype=torch.long), torch.zeros(b, max_new_tokens, 0)
@@ -121,7 +141,8 @@ class TeacherSampler:
     """
 
     def __init__(self, verifier: dict, dtype: str, sampling: dict, max_new_tokens: int, logprobs_k: int,
-                 max_prompt_tokens: int, seed: int):
+                 max_prompt_tokens: int, seed: int, taps: list[int] | None = None):
+        self.taps = tuple(taps) if taps else None  # a feature drafter's context: kept from the same passes
         self.record = VerifierRecord(**verifier)
         self.sampling = SamplingParams(**sampling)
         self.hf = HFModel(load_verifier_model(self.record.path, dtype))
@@ -153,14 +174,21 @@ class TeacherSampler:
         import pyarrow as pa
 
         prompts = self._prompt_ids(table)
+        features: list[torch.Tensor] = []
         completions, top_ids, top_lp = sample_completions(
-            self.hf, prompts, self.max_new_tokens, self.sampling, self.logprobs_k, self.generator
+            self.hf, prompts, self.max_new_tokens, self.sampling, self.logprobs_k, self.generator,
+            taps=self.taps, features_out=features,
         )
         n = len(prompts)
         self.sampled += n
         # One line a batch: the job log (and jobs/build_drafter.py's progress bar) shows the teacher advancing.
         print(f"[teacher] {n} trajectories sampled ({self.sampled} by this actor)", flush=True)
-        return pa.table({
+        extra = {}
+        if self.taps:
+            from .feature import encode_features
+
+            extra["features"] = pa.array([encode_features(f) for f in features], type=pa.binary())
+        return pa.table({**extra,
             "prompt_ids": pa.array(prompts, type=pa.list_(pa.int32())),
             "completion_ids": pa.array(completions.tolist(), type=pa.list_(pa.int32())),
             "topk_ids": pa.array(top_ids.tolist(), type=pa.list_(pa.list_(pa.int32()))),
@@ -189,10 +217,11 @@ def read_records(path: str, num_cpus: float):
     return ray.data.read_parquet(path, num_cpus=num_cpus)
 
 
-def teacher_dataset(prompts, verifier: VerifierRecord, cfg) -> object:
+def teacher_dataset(prompts, verifier: VerifierRecord, cfg, taps: list[int] | None = None) -> object:
     """prompts (a Ray dataset) -> trajectory records, sampled on an actor pool holding the verifier.
 
-    ``cfg``: the job's DistillConfig (teacher, data and verifier sections are read)."""
+    ``cfg``: the job's DistillConfig (teacher, data and verifier sections are read). ``taps``: also record those
+    verifier layers' states (a ``features`` column, for a feature drafter)."""
     import ray.data
 
     t = cfg.teacher
@@ -206,6 +235,7 @@ def teacher_dataset(prompts, verifier: VerifierRecord, cfg) -> object:
             "logprobs_k": t.logprobs_k,
             "max_prompt_tokens": cfg.data.max_prompt_tokens,
             "seed": cfg.run.seed,
+            "taps": taps,
         },
         batch_size=t.batch_size,
         batch_format="pyarrow",

@@ -11,6 +11,7 @@ Decisions about when to report depend only on the step, so all ranks call ``ray.
 from __future__ import annotations
 
 import copy
+from functools import partial
 import json
 import math
 import os
@@ -32,10 +33,18 @@ from ..drafter import (
     window_inputs,
     window_outputs,
 )
+from ..feature_drafter import (
+    FeatureDrafter,
+    build_feature_drafter,
+    is_feature_drafter,
+    load_feature_drafter,
+    save_feature_drafter,
+)
 from ..hf import HFModel
 from ..objectives import ar_distill_loss, mask_window, masked_diffusion_loss, naive_window_loss, streak_loss
 from .config import DistillConfig
 from .evaluate import EvalResult, alpha_plot, evaluate_drafter
+from .feature import evaluate_feature_drafter, feature_loss
 from .teacher import load_verifier_model
 from .tracking import NullTracker, make_tracker
 from .windows import WindowBatch, cut_windows
@@ -46,8 +55,20 @@ OPTIMIZER = "optimizer.pt"
 DRAFTER_DIR = "drafter"
 
 
-def build_drafter(cfg: DistillConfig, verifier_model: torch.nn.Module | None) -> HFDiffusionDrafter:
+def build_drafter(cfg: DistillConfig, verifier_model: torch.nn.Module | None,
+                  vocabulary: list[int] | None = None) -> HFDiffusionDrafter | FeatureDrafter:
     d = cfg.drafter
+    if d.init == "feature":
+        extra = {"draft_vocab_size": d.draft_vocab_size} if d.draft_vocab_size else {}
+        drafter = build_feature_drafter(verifier_model, num_layers=d.num_layers, target_layer_ids=d.target_layer_ids,
+                                        seed=cfg.run.seed, max_gamma=max(16, cfg.objective.gamma), **extra)
+        if vocabulary is not None:
+            drafter.set_draft_vocabulary(torch.tensor(vocabulary))
+        drafter.model.float()  # trained in float32; the verifier's frozen embeddings/head keep their dtype
+        return drafter
+    if d.init == "pretrained" and is_feature_drafter(d.path):
+        drafter = load_feature_drafter(d.path, verifier_model, dtype=torch.float32)
+        return drafter
     if d.init == "pretrained":
         drafter = load_drafter(d.path)
     elif d.init == "from_verifier":
@@ -141,7 +162,10 @@ def prefix_ar_loss(outputs: torch.Tensor, inputs, config) -> torch.Tensor:
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    """Trainable parameters, plus a feature drafter's draft vocabulary (a buffer fixed before training)."""
+    state = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    state.update({n: b.detach().cpu().contiguous() for n, b in model.named_buffers() if n.endswith("draft_ids")})
+    return state
 
 
 def save_checkpoint(path: Path, model, optimizer, scheduler, generator, state: dict) -> None:
@@ -190,12 +214,13 @@ def train_loop(loop_config: dict) -> None:
     t, o = cfg.train, cfg.objective
 
     verifier_model = load_verifier_model(record["path"], cfg.verifier.dtype)
-    drafter = build_drafter(cfg, verifier_model)
-    if rank != 0:
-        verifier_model = None  # only rank 0 evaluates
+    drafter = build_drafter(cfg, verifier_model, loop_config.get("draft_vocabulary"))
+    feature = isinstance(drafter, FeatureDrafter)
+    if rank != 0 and not feature:
+        verifier_model = None  # only rank 0 evaluates (a feature drafter keeps the verifier's embeddings and head)
     model = apply_lora(drafter.model, t.lora) if t.lora.enabled else drafter.model
     model.to(device)
-    if t.freeze_embeddings:
+    if t.freeze_embeddings and not feature:
         freeze_vocabulary_rows(drafter.model, drafter.config.vocab_size)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
@@ -222,14 +247,14 @@ def train_loop(loop_config: dict) -> None:
               flush=True)
 
     prepared = ray.train.torch.prepare_model(model, move_to_device=False)  # DDP (gloo on CPU) when world > 1
-    hf = HFModel(drafter.model, runner=prepared)
+    hf = None if feature else HFModel(drafter.model, runner=prepared)
     tracker = make_tracker(cfg.tracking, cfg.run.name, state["run_id"]) if rank == 0 else NullTracker()
     if rank == 0:
         state["run_id"] = tracker.run_id
         if not start:
             tracker.log_params({**cfg.model_dump(mode="json"), "verifier_record": record})
-    eval_model = HFModel(drafter.model)
-    verifier = HFModel(verifier_model) if verifier_model is not None else None
+    eval_model = None if feature else HFModel(drafter.model)
+    verifier = HFModel(verifier_model) if verifier_model is not None and rank == 0 else None
     use_bf16 = t.precision == "bf16" or (t.precision == "auto" and device.type == "cuda"
                                          and torch.cuda.is_bf16_supported())
 
@@ -237,11 +262,17 @@ def train_loop(loop_config: dict) -> None:
         if rank != 0:
             return {}
         began = time.perf_counter()
-        result = evaluate_drafter(
-            eval_model, drafter.config, verifier, heldout, o.gamma, cfg.eval_sampling(),
-            num_candidates=cfg.eval.num_candidates, draft_temperature=cfg.eval.draft_temperature,
-            generator=torch.Generator().manual_seed(cfg.run.seed),
-        )
+        options = dict(num_candidates=cfg.eval.num_candidates, draft_temperature=cfg.eval.draft_temperature,
+                       generator=torch.Generator().manual_seed(cfg.run.seed))
+        was_training = drafter.model.training
+        drafter.model.eval()
+        if feature:
+            drafter.reset()
+            result = evaluate_feature_drafter(drafter, verifier, heldout, o.gamma, cfg.eval_sampling(), **options)
+        else:
+            result = evaluate_drafter(eval_model, drafter.config, verifier, heldout, o.gamma, cfg.eval_sampling(),
+                                      **options)
+        drafter.model.train(was_training)
         state["evals"].append([step, result.expected_streak, result.alpha])
         metrics = result.metrics()
         tracker.log_metrics(metrics, step)
@@ -263,10 +294,15 @@ def train_loop(loop_config: dict) -> None:
         began = time.perf_counter()
         records = next(batches)
         data_times.append(time.perf_counter() - began)
-        windows = cut_windows(records, o.gamma, o.windows_per_sample, drafter.config.max_context, generator)
         prepared.train()
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
-            loss = window_loss(hf, drafter, cfg, windows, generator)
+            if feature:
+                objective = o if step >= o.warmup_ce_steps or o.kind != "streak" else o.model_copy(
+                    update={"kind": "decayed_ce"})
+                loss = feature_loss(drafter, prepared, objective, records, generator)
+            else:
+                windows = cut_windows(records, o.gamma, o.windows_per_sample, drafter.config.max_context, generator)
+                loss = window_loss(hf, drafter, cfg, windows, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip) if t.grad_clip else None
@@ -339,10 +375,13 @@ def _report_with_checkpoint(metrics, rank, model, optimizer, scheduler, generato
 
 def _write_drafter(path: Path, model, drafter: HFDiffusionDrafter, cfg: DistillConfig, record: dict, state: dict):
     """The engine-loadable drafter: LoRA merged into a copy of the weights, plus the lineage record."""
-    merged = copy.deepcopy(model).merge_and_unload() if cfg.train.lora.enabled else model
     evals = state["evals"]
-    save_drafter(
-        HFDiffusionDrafter(merged, drafter.config), path,
+    if isinstance(drafter, FeatureDrafter):
+        save = partial(save_feature_drafter, drafter, path)
+    else:
+        merged = copy.deepcopy(model).merge_and_unload() if cfg.train.lora.enabled else model
+        save = partial(save_drafter, HFDiffusionDrafter(merged, drafter.config), path)
+    save(
         verifier=record,
         training={
             "objective": cfg.objective.model_dump(mode="json"),

@@ -1,0 +1,168 @@
+"""The drafter conditioned on the verifier's hidden states: feature plumbing, cache, training/inference agreement,
+exactness at T=0, files and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import OracleDrafter, tiny_llama
+from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder, generate_plain, load_drafter
+from specdiff.distill.feature import draft_vocabulary
+from specdiff.feature_drafter import (
+    AnchorBatch,
+    FeatureDrafter,
+    anchor_logits,
+    build_feature_drafter,
+    load_feature_drafter,
+    save_feature_drafter,
+)
+
+PROMPTS = [[5], [3, 17, 9, 41], list(range(1, 40))]
+
+
+def taps_of(model, tokens, taps) -> torch.Tensor:
+    """Tapped states of every token, from a from-scratch forward: [len(tokens), taps * H]."""
+    with torch.no_grad():
+        hidden = model(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+    return torch.cat([hidden[i + 1][0] for i in taps], -1)
+
+
+@pytest.fixture(scope="module")
+def drafter(verifier_model):
+    return build_feature_drafter(verifier_model, num_layers=2, seed=1)
+
+
+class OracleFeatureDrafter(OracleDrafter):
+    """A good drafter (the verifier's greedy continuation) that also checks the features the engine hands it."""
+
+    needs_features = True
+
+    def __init__(self, model, taps):
+        super().__init__(model, confidence=0.6)
+        self.tap_layers = taps
+        self.worst = 0.0
+        self.calls = 0
+
+    def propose(self, prefix, gamma, features=None):
+        assert features is not None and features.shape[0] == len(prefix) - 1
+        ref = taps_of(self.model, list(prefix), self.tap_layers)[:-1]
+        self.worst = max(self.worst, float((features.float() - ref).abs().max()))
+        self.calls += 1
+        return super().propose(prefix, gamma)
+
+
+def test_session_features_match_a_full_forward_after_accepted_windows(verifier_model):
+    # Accepted nodes of any candidate (K > 1 branches the tree) hand their states to the context in order.
+    oracle = OracleFeatureDrafter(verifier_model, (0, 1))
+    decoder = SpeculativeDecoder(oracle, HFVerifier(verifier_model, tap_layers=(0, 1)))
+    result = decoder.generate(PROMPTS[1], max_new_tokens=40, spec=SpecConfig(gamma=6, num_candidates=4,
+                                                                              draft_temperature=1.0), seed=0)
+    assert result.stats.tau > 2.0, "the oracle must get windows accepted for this test to mean anything"
+    assert oracle.calls > 3 and oracle.worst < 1e-4
+
+
+def test_taps_come_from_the_scoring_pass(verifier_model):
+    session = HFVerifier(verifier_model, tap_layers=(1,)).start([4, 8, 15, 16])
+    assert torch.allclose(session.features, taps_of(verifier_model, [4, 8, 15], (1,)), atol=1e-5)
+    assert HFVerifier(verifier_model).start([4, 8]).features is None  # no taps, no cost
+
+
+def test_cached_context_equals_a_fresh_pass(verifier_model, drafter):
+    tokens = list(range(3, 40))
+    feats = taps_of(verifier_model, tokens, drafter.tap_layers)
+    fresh = build_feature_drafter(verifier_model, num_layers=2, seed=1)
+    for n in (10, 11, 17, 30, 12, 25):  # extend, extend, jump, then a shorter prefix (cache is cut back)
+        cached = drafter.propose(tokens[:n], 5, feats[: n - 1])
+        fresh.reset()
+        assert torch.allclose(cached, fresh.propose(tokens[:n], 5, feats[: n - 1]), atol=1e-5)
+    other = [7] + tokens[1:20]  # a diverging prefix starts over
+    f2 = taps_of(verifier_model, other, drafter.tap_layers)
+    fresh.reset()
+    assert torch.allclose(drafter.propose(other, 3, f2[:-1]), fresh.propose(other, 3, f2[:-1]), atol=1e-5)
+
+
+def test_many_anchors_in_one_forward_equal_separate_windows(verifier_model):
+    # Training (anchor blocks with a block mask) and inference (one window) must compute the same marginals.
+    d = build_feature_drafter(verifier_model, num_layers=2, seed=2, draft_vocab_size=48)
+    d.set_draft_vocabulary(torch.randperm(64, generator=torch.Generator().manual_seed(0))[:48])
+    tokens = torch.tensor([list(range(1, 31)), list(range(31, 61))])
+    feats = torch.stack([taps_of(verifier_model, t.tolist(), d.tap_layers) for t in tokens])
+    anchors = torch.tensor([[0, 4, 9, 20], [2, 3, 15, 21]])
+    gamma = 5
+    labels = tokens.gather(1, (anchors[..., None] + torch.arange(1, gamma + 1)).view(2, -1)).view(2, 4, gamma)
+    batch = AnchorBatch(anchors, labels, torch.ones(2, 4, dtype=torch.bool))
+    with torch.no_grad():
+        probs = d.to_vocab(anchor_logits(d, d.model, tokens, feats, batch, gamma).softmax(-1))
+    for b in range(2):
+        for i, a in enumerate(anchors[b].tolist()):
+            d.reset()
+            alone = d.propose(tokens[b, : a + 1].tolist(), gamma, feats[b, :a])
+            assert torch.allclose(probs[b, i], alone, atol=1e-5), (b, a)
+    outside = torch.ones(64, dtype=torch.bool)
+    outside[d.model.draft_ids] = False
+    assert float(alone[:, outside].sum()) == 0.0  # never drafts outside its vocabulary
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 16])
+@pytest.mark.parametrize("k", [1, 4])
+def test_equals_greedy_decoding(verifier_model, drafter, gamma, k):
+    decoder = SpeculativeDecoder(drafter, HFVerifier(verifier_model, tap_layers=drafter.tap_layers))
+    for prompt in PROMPTS:
+        expected = generate_plain(HFVerifier(verifier_model), prompt, max_new_tokens=30).tokens
+        result = decoder.generate(prompt, max_new_tokens=30, spec=SpecConfig(gamma=gamma, num_candidates=k), seed=1)
+        assert result.tokens == expected, f"prompt of {len(prompt)} tokens"
+
+
+def test_save_and_load_round_trip(verifier_model, drafter, tmp_path):
+    save_feature_drafter(drafter, tmp_path / "d", verifier={"digest": "sha256:abc"})
+    loaded = load_drafter(tmp_path / "d", verifier=verifier_model)
+    assert isinstance(loaded, FeatureDrafter) and loaded.tap_layers == drafter.tap_layers
+    tokens = list(range(2, 20))
+    feats = taps_of(verifier_model, tokens, drafter.tap_layers)[:-1]
+    drafter.reset()
+    assert torch.allclose(loaded.propose(tokens, 4, feats), drafter.propose(tokens, 4, feats), atol=1e-6)
+    names = set(load_file(str(tmp_path / "d" / "model.safetensors")))
+    # vLLM's dflash layout: fc, hidden_norm, norm and Qwen3-shaped layers; no embeddings or LM head of its own
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_norm.weight",
+            "layers.1.mlp.gate_proj.weight", "mask_embedding"} <= names
+    assert not any("embed_tokens" in n or "lm_head" in n for n in names)
+
+
+def test_mismatched_pairs_are_refused_before_decoding(verifier_model, drafter, tmp_path):
+    with pytest.raises(ValueError, match="tap_layers"):
+        SpeculativeDecoder(drafter, HFVerifier(verifier_model))  # the verifier taps nothing
+    with pytest.raises(ValueError, match=r"layers \[1\].*taps \[0\]"):
+        SpeculativeDecoder(drafter, HFVerifier(verifier_model, tap_layers=(0,)))
+    save_feature_drafter(drafter, tmp_path / "d", verifier={"digest": "sha256:abc"})
+    with pytest.raises(ValueError, match="hidden size 32"):
+        wide = tiny_llama(64, seed=0)
+        wide.config.hidden_size = 48
+        load_feature_drafter(tmp_path / "d", wide)
+    with pytest.raises(ValueError, match="aligned to verifier sha256:abc"):
+        load_feature_drafter(tmp_path / "d", verifier_model, verifier_digest="sha256:other")
+    with pytest.raises(ValueError, match="verifier=<the verifier model>"):
+        load_drafter(tmp_path / "d")
+    with pytest.raises(ValueError, match=r"features must have shape \[n, 32\]"):
+        drafter.propose([1, 2, 3], 4, torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="needs the verifier's tapped hidden states"):
+        drafter.propose([1, 2, 3], 4)
+
+
+def test_missing_or_corrupt_files_are_named(verifier_model, drafter, tmp_path):
+    folder = save_feature_drafter(drafter, tmp_path / "d")
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="corrupt drafter file .*model.safetensors"):
+        load_feature_drafter(folder, verifier_model)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="weights missing: .*model.safetensors"):
+        load_feature_drafter(folder, verifier_model)
+    (folder / "specdiff_feature_drafter.json").write_text("{")
+    with pytest.raises(ValueError, match="corrupt drafter file .*specdiff_feature_drafter.json"):
+        load_feature_drafter(folder, verifier_model)
+
+
+def test_draft_vocabulary_is_the_most_frequent_tokens():
+    ids = draft_vocabulary([[5, 5, 5, 2], [2, 9]], vocab_size=12, size=4)
+    assert ids.tolist() == [5, 2, 9, 0]  # then unseen ids, lowest first
