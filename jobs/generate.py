@@ -23,10 +23,10 @@ from specdiff import (
     SamplingParams,
     SpecConfig,
     SpeculativeDecoder,
-    drafter_from_verifier,
     generate_plain,
     load_drafter,
 )
+from specdiff.feature_drafter import build_feature_drafter
 from specdiff.models import DEFAULT_VERIFIER, load_causal_lm, parse_dtype
 
 from build_drafter import build_default  # jobs/ is on sys.path when this script runs
@@ -57,10 +57,9 @@ def main(argv=None) -> int:
     dtype = parse_dtype(args.dtype)
     t0 = time.perf_counter()
     model, tokenizer = load_causal_lm(args.verifier, dtype)
-    verifier = HFVerifier(model)
     if args.untrained:
-        drafter = drafter_from_verifier(model, num_layers=2, causal_prefix=True)
-        drafter_name = "untrained (2 verifier layers) - align one with jobs/build_drafter.py or jobs/distill.py"
+        drafter = build_feature_drafter(model, num_layers=1)
+        drafter_name = "untrained feature drafter - align one with jobs/build_drafter.py or jobs/distill.py"
     else:
         if args.drafter:
             drafter_dir = Path(args.drafter)
@@ -70,8 +69,14 @@ def main(argv=None) -> int:
             print(f"error: --drafter is required for verifier {args.verifier!r} (the default drafter is aligned to "
                   f"{DEFAULT_VERIFIER}); align one with jobs/distill.py, or pass --untrained", file=sys.stderr)
             return 2
-        drafter = load_drafter(drafter_dir, dtype=dtype)
+        try:
+            drafter = load_drafter(drafter_dir, dtype=dtype, verifier=model)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         drafter_name = str(drafter_dir)
+    # A feature drafter reads the verifier's tapped states: the verifier keeps them from its own scoring passes.
+    verifier = HFVerifier(model, tap_layers=getattr(drafter, "tap_layers", None))
     print(f"verifier: {args.verifier}  drafter: {drafter_name}  dtype: {args.dtype}  (loaded in "
           f"{time.perf_counter() - t0:.1f} s)")
 
@@ -86,7 +91,7 @@ def main(argv=None) -> int:
     decoder = SpeculativeDecoder(drafter, verifier, decode=tokenizer.decode)
     decoder.generate(prompt, **{**common, "max_new_tokens": 4}, spec=spec)  # warm-up: first-call overheads
     t0 = time.perf_counter()
-    plain = generate_plain(verifier, prompt, **common)
+    plain = generate_plain(HFVerifier(model), prompt, **common)  # no taps: plain decoding pays for none
     plain_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     result = decoder.generate(prompt, spec=spec, **common)

@@ -45,8 +45,9 @@ def run_job(args: list[str], home: Path, timeout: int = 600, **env) -> subproces
 
 @pytest.mark.timeout(1500)
 def test_main_job_builds_the_default_drafter_once_then_runs_offline(specdiff_home):
-    # The README command on a fresh state directory: builds the default drafter through the real pipeline (two
-    # distill stages on a local Ray; SPECDIFF_BUILD_QUICK shrinks them to a few steps), then generates.
+    # The README command on a fresh state directory: builds the default (feature) drafter through the real pipeline
+    # (teacher with tapped states + one distill stage on a local Ray; SPECDIFF_BUILD_QUICK shrinks it to a few
+    # steps), then generates.
     args = ["jobs/generate.py", "--max-new-tokens", "12", "--dtype", "float32"]
     first = run_job(args, specdiff_home, timeout=900, SPECDIFF_BUILD_QUICK="1")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -56,7 +57,8 @@ def test_main_job_builds_the_default_drafter_once_then_runs_offline(specdiff_hom
     assert (specdiff_home / "models" / DEFAULT_VERIFIER / "config.json").is_file()  # converted once, kept
     built = specdiff_home / "drafters" / "default"
     record = json.loads((built / "build.json").read_text())
-    assert set(record["stages"]) == {"mdm", "streak"} and record["stages"]["streak"]["finished"]
+    assert set(record["stages"]) == {"feature"} and record["stages"]["feature"]["finished"]
+    assert "stage times:" in first.stdout
     work = specdiff_home / "build" / "smollm2"
     prompts = sum(1 for line in (work / "prompts.jsonl").open() if line.strip())
     assert f"teacher: {prompts}/{prompts} trajectories sampled" in first.stderr  # the teacher's progress is shown
@@ -78,7 +80,8 @@ def test_main_job_builds_the_default_drafter_once_then_runs_offline(specdiff_hom
     reg = Registry(uri)
     drafter = reg.production("smollm2")
     assert drafter is not None and str(drafter.version) == "1" and drafter.tags["specdiff.build"].startswith("sha256:")
-    recorded = json.loads((built / "specdiff_drafter.json").read_text())["verifier"]["digest"]
+    recorded = json.loads((built / "specdiff_feature_drafter.json").read_text())["verifier"]["digest"]
+    assert json.loads(drafter.tags["specdiff.drafter.tap_layers"]) == [1, 14, 27]
     assert drafter.tags["specdiff.verifier.digest"] == recorded and float(drafter.tags["specdiff.eval.tau"]) >= 1.0
 
 
@@ -86,13 +89,15 @@ def test_bench_quick_writes_table_json_and_plot(smollm, specdiff_home, tmp_path)
     from specdiff import save_drafter
 
     model, _ = smollm
-    save_drafter(drafter_from_verifier(model, num_layers=1), tmp_path / "untrained")
-    out = run_job(["jobs/bench.py", "--quick", "--drafter", f"untrained={tmp_path / 'untrained'}",
+    save_drafter(drafter_from_verifier(model, num_layers=1), tmp_path / "standalone")
+    out = run_job(["jobs/bench.py", "--quick", "--drafter", f"standalone={tmp_path / 'standalone'}", "--untrained",
                    "--domains", "math", "chat", "--dtype", "float32", "--out", str(tmp_path / "bench")], specdiff_home)
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads((tmp_path / "bench" / "bench.json").read_text())
     methods = {(r["domain"], r["method"]) for r in report["rows"]}
-    assert ("math", "plain T=0") in methods and ("chat", "untrained K=4 Td=1.5 T=0") in methods
+    assert ("math", "plain T=0") in methods and ("chat", "standalone K=4 Td=1.5 T=0") in methods
+    assert any(m.startswith("untrained ") for _, m in methods)  # the untrained feature drafter's row
     assert all(r["tokens"] > 0 and r["tau"] >= 1.0 for r in report["rows"])
     assert (tmp_path / "bench" / "alpha.png").stat().st_size > 1000
-    assert "| math | untrained K=1 Td=1.5 T=0 |" in (tmp_path / "bench" / "bench.md").read_text()
+    table = (tmp_path / "bench" / "bench.md").read_text()
+    assert "| math | standalone K=1 Td=1.5 T=0 |" in table and "untrained drafter, default settings" in table
