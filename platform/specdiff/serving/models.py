@@ -151,6 +151,15 @@ def load_drafter(source: ModelSource) -> Drafter:
             source.drafter[3:], dtype=_dtype(source), trust_remote_code=source.trust_remote_code, **source.drafter_options
         )
     else:
+        from ..feature_drafter import is_feature_drafter
+
+        if is_feature_drafter(source.drafter):
+            # Its context is the verifier's hidden states, which would have to travel verifier replica -> router ->
+            # drafter replica every round; the split-pool app does not carry them yet.
+            raise ValueError(f"models.drafter {source.drafter!r} is a feature drafter (conditioned on the verifier's "
+                             "hidden states), which the Serve app cannot run yet; serve a standalone drafter (e.g. "
+                             "$SPECDIFF_HOME/drafters/smollm2-standalone from jobs/build_drafter.py --ablations) or "
+                             "decode in process (jobs/generate.py)")
         drafter = load_saved_drafter(source.drafter, dtype=_dtype(source))
     return HFDiffusionDrafter(drafter.model.to(_device()), drafter.config)  # re-wrapped: HFModel records the device
 
