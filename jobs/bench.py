@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from specdiff import DecodeStats, HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain, load_drafter
+from specdiff.dtypes import dtype_name, resolve_dtype_with_reason
 from specdiff.models import DEFAULT_VERIFIER, load_causal_lm, parse_dtype, state_dir
 from specdiff.prompts import chat_prompt_ids, load_prompts
 
@@ -68,7 +69,8 @@ def parse_args(argv=None):
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0], help="verifier temperatures")
     p.add_argument("--k-default", type=int, default=4)
     p.add_argument("--td-default", type=float, default=1.5)
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16, for every method (auto: bfloat16 "
+                   "where the CPU has native bf16, else float32; the report records the resolved name)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_out")
     p.add_argument("--mlflow", action="store_true", help="log table, JSON and plot to MLflow")
@@ -95,6 +97,11 @@ def parse_args(argv=None):
         drafters = {**{k: str(v) for k, v in found.items()}, **drafters}
         args.ar_drafter = args.ar_drafter or str(built / "smollm2-ar")
     args.drafters = drafters
+    try:
+        dtype, args.dtype_reason = resolve_dtype_with_reason(args.dtype)
+    except ValueError as e:
+        p.error(f"--dtype: {e}")
+    args.dtype = dtype_name(dtype)  # the report names the dtype that ran, not "auto"
     if args.sweep is not None and args.sweep not in drafters:
         p.error(f"--sweep must name a --drafter, got {args.sweep!r} (have {sorted(drafters)})")
     return args
@@ -175,6 +182,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"dtype: {args.dtype} ({args.dtype_reason})")
     runner = Runner(args)
     methods = methods_for(args)
     prompts = {d: [chat_prompt_ids(runner.tokenizer, p) for p in load_prompts(d, "eval", args.prompts_per_domain)]

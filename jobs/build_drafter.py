@@ -76,7 +76,7 @@ def write_prompts(work: Path) -> tuple[Path, Path]:
     from specdiff.models import load_causal_lm
     from specdiff.prompts import DOMAINS, chat_prompt_ids, load_prompts
 
-    model, tokenizer = load_causal_lm(DEFAULT_VERIFIER, torch.bfloat16)
+    model, tokenizer = load_causal_lm(DEFAULT_VERIFIER, "auto")  # the dtype policy: float32 on a CPU without bf16
     limits = {"train": {"code": None, "math": None, "chat": None}, "eval": {"code": 6, "math": 6, "chat": 4}}
     if quick():
         limits = {split: dict.fromkeys(DOMAINS, 2) for split in limits}
@@ -101,7 +101,9 @@ def run_stage(label: str, config: Path, overrides: list[str], log: Path, teacher
     the stage runs the teacher first, its trajectories out of ``teacher_total``)."""
     from tqdm import tqdm
 
-    cmd = [sys.executable, str(JOBS / "distill.py"), "--config", str(config)]
+    summary_path = log.with_name(log.stem + ".summary.json")  # the stage's result: read from here, not the log
+    summary_path.unlink(missing_ok=True)  # a summary left by an earlier attempt must not pass for this one's
+    cmd = [sys.executable, str(JOBS / "distill.py"), "--config", str(config), "--summary", str(summary_path)]
     for item in overrides:
         cmd += ["--set", item]
     # RAY_DEDUP_LOGS=0: Ray folds log lines that differ only in numbers, which would hide the teacher's progress.
@@ -109,7 +111,6 @@ def run_stage(label: str, config: Path, overrides: list[str], log: Path, teacher
            "RAY_DEDUP_LOGS": "0"}
     sampled = 0
     began = time.perf_counter()
-    summary: dict = {}
     seen = set()  # Ray may echo a worker's line twice
     with log.open("a") as out, tqdm(total=None, desc=label, unit="step", dynamic_ncols=True) as bar:
         bar.set_postfix_str("starting Ray, teacher / held-out trajectories")
@@ -127,9 +128,8 @@ def run_stage(label: str, config: Path, overrides: list[str], log: Path, teacher
             elif (m := EVAL.search(line)) and m.group(0) not in seen:
                 seen.add(m.group(0))
                 bar.write(f"  {label}: held-out expected streak {float(m.group(2)):.3f} at step {m.group(1)}")
-            elif line.startswith("[distill] {"):
-                summary = json.loads(line.removeprefix("[distill] "))
         code = proc.wait()
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     if code != 0 or not summary.get("finished"):
         raise RuntimeError(f"{label} failed (exit code {code}); see the log {log}")
     summary["wall_s"] = round(time.perf_counter() - began, 1)

@@ -2,6 +2,9 @@
 
     python jobs/distill.py --config jobs/configs/tiny.yaml [--set train.steps=20 ...]   # starts a local Ray
     ray job submit --working-dir . -- python jobs/distill.py --config jobs/configs/tiny.yaml
+
+The last line printed is ``[distill] {summary JSON}`` for people; ``--summary PATH`` also writes that JSON to a file,
+which is what programs should read (jobs/build_drafter.py does): printed lines can interleave with other output.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value (YAML syntax); repeatable")
     parser.add_argument("--check", action="store_true", help="validate the config and exit")
+    parser.add_argument("--summary", type=Path, default=None, metavar="PATH",
+                        help="also write the run's summary (step, finished, output_dir, expected streaks) as JSON here")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
@@ -33,12 +38,23 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
         return 0
     summary = run(cfg)
-    print("[distill] " + json.dumps({
+    record = {
         "step": summary.step, "finished": summary.finished, "output_dir": summary.output_dir,
         "expected_streak": summary.metrics.get("eval/expected_streak"),
         "initial_expected_streak": summary.metrics.get("eval/initial_expected_streak"),
-    }), flush=True)
+    }
+    if args.summary is not None:
+        write_summary(args.summary, record)
+    print("[distill] " + json.dumps(record), flush=True)
     return 0
+
+
+def write_summary(path: Path, record: dict) -> None:
+    """Atomically: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    partial.replace(path)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
     python jobs/generate.py --prompt "Write a Python function that checks whether a number is prime."
 
-Defaults: the embedded SmolLM2-135M-Instruct verifier, bfloat16, greedy decoding (T=0). The drafter is
+Defaults: the embedded SmolLM2-135M-Instruct verifier, the dtype this machine runs fastest (``--dtype auto``:
+bfloat16 on a GPU or a CPU with native bf16, else float32), greedy decoding (T=0). The drafter is
 ``--drafter DIR`` (a directory written by ``jobs/distill.py`` / ``save_drafter``), else the default drafter in the
 state directory, which the first run builds with ``jobs/build_drafter.py`` (about 15 minutes on 2 cores, with a
 progress display; later runs start in seconds). ``--untrained`` skips that and drafts with verifier layers that were
@@ -26,8 +27,9 @@ from specdiff import (
     generate_plain,
     load_drafter,
 )
+from specdiff.dtypes import dtype_name, resolve_dtype_with_reason
 from specdiff.feature_drafter import build_feature_drafter
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm, parse_dtype
+from specdiff.models import DEFAULT_VERIFIER, load_causal_lm
 
 from build_drafter import build_default  # jobs/ is on sys.path when this script runs
 
@@ -45,7 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft-temperature", type=float, default=1.5)
     p.add_argument("--temperature", type=float, default=0.0, help="verifier sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 (both decoders use it)")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 (both decoders use it; auto: bfloat16 "
+                   "where the CPU has native bf16, else float32)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -54,7 +57,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p)
     spec = SpecConfig(gamma=args.gamma, num_candidates=args.k, draft_temperature=args.draft_temperature)
-    dtype = parse_dtype(args.dtype)
+    try:
+        dtype, reason = resolve_dtype_with_reason(args.dtype, phase="decode")
+    except ValueError as e:
+        print(f"error: --dtype: {e}", file=sys.stderr)
+        return 2
+    print(f"dtype: {dtype_name(dtype)} ({reason})")
     t0 = time.perf_counter()
     model, tokenizer = load_causal_lm(args.verifier, dtype)
     if args.untrained:
@@ -77,7 +85,7 @@ def main(argv=None) -> int:
         drafter_name = str(drafter_dir)
     # A feature drafter reads the verifier's tapped states: the verifier keeps them from its own scoring passes.
     verifier = HFVerifier(model, tap_layers=getattr(drafter, "tap_layers", None))
-    print(f"verifier: {args.verifier}  drafter: {drafter_name}  dtype: {args.dtype}  (loaded in "
+    print(f"verifier: {args.verifier}  drafter: {drafter_name}  (loaded in "
           f"{time.perf_counter() - t0:.1f} s)")
 
     if args.no_chat:

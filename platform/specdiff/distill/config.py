@@ -51,7 +51,9 @@ class VerifierSection(Section):
                       "`smollm2-135m-instruct` (the embedded default, converted once into the state directory).")
     name: str | None = Field(None, description="Verifier name recorded with the drafter; default: folder name.")
     version: str = Field("unversioned", description="Verifier version recorded with the drafter.")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Verifier dtype (teacher and eval).")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Verifier dtype (teacher and eval); auto: bfloat16 on a GPU or a CPU with native bf16, "
+        "else float32 (specdiff.dtypes).")
 
 
 class DataSection(Section):
@@ -149,7 +151,8 @@ class TrainSection(Section):
     freeze_embeddings: bool = Field(False, description="Keep the inherited token embeddings (and a tied LM head) "
                                     "fixed; the appended mask-token row still trains.")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 autocast on a GPU that "
-                                                       "supports it, else fp32.")
+                                                       "supports it, else fp32 (on a CPU, bf16 autocast was slower "
+                                                       "for tiny drafters; see specdiff.dtypes.train_autocast_bf16).")
     lora: LoraSection = LoraSection()
     num_workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(0.5, gt=0, description="0.5 leaves Ray Data CPUs on a 2-core machine.")

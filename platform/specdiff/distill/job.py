@@ -18,6 +18,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..dtypes import dtype_name, resolve_dtype_with_reason
 from ..feature_drafter import FEATURE_DRAFTER_META, default_tap_layers
 from ..models import resolve_model_path
 from .config import DistillConfig, parse_config
@@ -80,6 +81,8 @@ def run(cfg: DistillConfig) -> DistillSummary:
     cfg.check_paths()
     record = verifier_record(cfg.verifier.path, cfg.verifier.name, cfg.verifier.version)
     print(f"[distill] verifier {record.name} {record.version} {record.digest[:19]}...", flush=True)
+    dtype, why = resolve_dtype_with_reason(cfg.verifier.dtype)  # each teacher actor and worker resolves it again
+    print(f"[distill] verifier dtype {dtype_name(dtype)} ({why})", flush=True)
     init_ray(cfg)
     ray.data.DataContext.get_current().enable_progress_bars = True
 

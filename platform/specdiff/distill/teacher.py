@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 
 from ..config import SamplingParams
+from ..dtypes import resolve_dtype
 from ..hf import HFModel
 from ..sampling import sample, target_probs
 
@@ -51,10 +52,13 @@ def verifier_record(path: str | Path, name: str | None = None, version: str = "u
     return VerifierRecord(name=name or path.name, version=version, digest="sha256:" + h.hexdigest(), path=str(path))
 
 
-def load_verifier_model(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
+def load_verifier_model(path: str | Path, dtype: str | torch.dtype = "float32") -> torch.nn.Module:
+    """The frozen verifier, on the CPU, in eval mode. ``dtype`` "auto" follows ``specdiff.dtypes`` (resolved where
+    this runs: a teacher actor decides for its own machine); the default stays float32 so that registry
+    evaluations give the same figures on every machine."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
     model.requires_grad_(False)
     return model.eval()
 

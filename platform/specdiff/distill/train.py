@@ -33,6 +33,7 @@ from ..drafter import (
     window_inputs,
     window_outputs,
 )
+from ..dtypes import train_autocast_bf16
 from ..feature_drafter import (
     FeatureDrafter,
     build_feature_drafter,
@@ -255,8 +256,7 @@ def train_loop(loop_config: dict) -> None:
             tracker.log_params({**cfg.model_dump(mode="json"), "verifier_record": record})
     eval_model = None if feature else HFModel(drafter.model)
     verifier = HFModel(verifier_model) if verifier_model is not None and rank == 0 else None
-    use_bf16 = t.precision == "bf16" or (t.precision == "auto" and device.type == "cuda"
-                                         and torch.cuda.is_bf16_supported())
+    use_bf16 = train_autocast_bf16(t.precision, device)  # auto: a bf16 GPU only (CPU measurement in there)
 
     def evaluate(step: int) -> dict:
         if rank != 0:

@@ -49,7 +49,8 @@ class ModelSource(_Strict):
     )
     tokenizer: str | None = Field(None, description="Tokenizer folder / hub id; default: the verifier's.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Weights dtype; 'auto' = bfloat16 on GPU, float32 on CPU."
+        "auto", description="Weights dtype; 'auto' = bfloat16 on a GPU or a CPU with native bf16, else float32 "
+        "(specdiff.dtypes; SPECDIFF_DTYPE forces it)."
     )
     device_map: str | None = Field(
         None, description="Passed to from_pretrained (e.g. 'auto' to spread a 72B verifier over a replica's GPUs)."

@@ -14,6 +14,7 @@ import torch
 
 from ..drafter import Drafter, HFDiffusionDrafter, build_small_drafter
 from ..drafter import load_drafter as load_saved_drafter
+from ..dtypes import resolve_dtype
 from ..models import resolve_model_path
 from ..verifier import HFVerifier
 from .config import DEMO, ModelSource
@@ -82,9 +83,8 @@ def pair_label(source: ModelSource) -> str:
 
 
 def _dtype(source: ModelSource) -> torch.dtype:
-    if source.dtype == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    return getattr(torch, source.dtype)
+    # Serving verifies trees of many rows per round: the "batched" rule of the platform's one policy.
+    return resolve_dtype(source.dtype, phase="batched", device=_device())
 
 
 def _device() -> str:

@@ -1,0 +1,74 @@
+"""The summary hand-over from jobs/distill.py to jobs/build_drafter.py goes through a JSON file, not a printed line:
+on a slow machine a worker's output landed on the summary line and parsing it raised ``JSONDecodeError: Extra
+data``. A fake distill.py (no Ray) stands in for the real job."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "jobs"))
+
+import build_drafter  # noqa: E402
+import distill  # noqa: E402
+
+RECORD = {"step": 3, "finished": True, "output_dir": "/x/drafter", "expected_streak": 0.5,
+          "initial_expected_streak": 0.1}
+
+# Prints what the real job prints, with the summary line run together with other output (as seen on a slow
+# machine), writes the summary file where --summary says, and exits: as `--set write=1` and `--set code=N` say.
+FAKE = '''import json, sys
+args = sys.argv[1:]
+sets = dict(a.split("=", 1) for prev, a in zip(args, args[1:]) if prev == "--set")
+record = {record!r}
+print("[distill] step 3/3 loss 0.5000 lr 1.00e-03 0.100s/step (waiting for data 0.000s)", flush=True)
+if sets.get("write") == "1":
+    print("[distill] " + json.dumps(record) + "(raylet) worker pid=7 exited", flush=True)
+    if "--summary" in args:
+        with open(args[args.index("--summary") + 1], "w") as f:
+            json.dump(record, f)
+sys.exit(int(sets["code"]))
+'''
+
+
+@pytest.fixture
+def fake_jobs(tmp_path, monkeypatch):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "distill.py").write_text(FAKE.format(record=RECORD))
+    monkeypatch.setattr(build_drafter, "JOBS", jobs)
+    return tmp_path
+
+
+def test_summary_is_read_from_the_file_not_the_interleaved_line(fake_jobs):
+    log = fake_jobs / "stage.log"
+    summary = build_drafter.run_stage("stage", fake_jobs / "cfg.yaml", ["write=1", "code=0"], log)
+    assert {k: summary[k] for k in RECORD} == RECORD and summary["wall_s"] >= 0
+    assert "(raylet) worker pid=7 exited" in log.read_text()  # the human-readable line is still in the log
+
+
+def test_a_summary_left_by_an_earlier_attempt_does_not_count(fake_jobs):
+    log = fake_jobs / "stage.log"
+    build_drafter.run_stage("stage", fake_jobs / "cfg.yaml", ["write=1", "code=0"], log)
+    with pytest.raises(RuntimeError, match="stage failed"):  # this attempt writes no summary
+        build_drafter.run_stage("stage", fake_jobs / "cfg.yaml", ["code=0"], log)
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        build_drafter.run_stage("stage", fake_jobs / "cfg.yaml", ["write=1", "code=3"], log)
+
+
+def test_distill_job_writes_the_summary_file(tmp_path, monkeypatch, capsys):
+    done = SimpleNamespace(step=3, finished=True, output_dir="/x/drafter",
+                           metrics={"eval/expected_streak": 0.5, "eval/initial_expected_streak": 0.1})
+    monkeypatch.setattr(distill, "load_config", lambda path, overrides: object())
+    monkeypatch.setattr(distill, "run", lambda cfg: done)
+    path = tmp_path / "out" / "summary.json"
+    assert distill.main(["--config", "unused.yaml", "--summary", str(path)]) == 0
+    assert json.loads(path.read_text()) == RECORD
+    assert not list(path.parent.glob("*.partial"))
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last.removeprefix("[distill] ")) == RECORD  # the printed line stays for people

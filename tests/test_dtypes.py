@@ -1,0 +1,167 @@
+"""The one dtype policy (specdiff.dtypes): "auto" follows the CPU it finds, SPECDIFF_DTYPE forces each path, an
+explicit name wins, bad names are errors that name the value; the loaders of the jobs, distillation and serving
+all resolve "auto" through it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import tiny_llama
+from specdiff import HFVerifier, SamplingParams, generate_plain
+from specdiff import dtypes
+from specdiff.dtypes import resolve_dtype, resolve_dtype_with_reason
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    """The host's overrides must not decide these tests."""
+    monkeypatch.delenv(dtypes.ENV_DTYPE, raising=False)
+    monkeypatch.delenv(dtypes.ENV_FAKE_NO_BF16, raising=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """A tiny random Llama over the byte tokenizer (259 ids), saved with that tokenizer."""
+    from specdiff.serving.models import byte_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny_verifier")
+    tokenizer = byte_tokenizer()
+    tiny_llama(len(tokenizer), seed=0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("forced", ["float32", "bfloat16"])
+def test_env_forces_each_path_and_a_decode_runs_in_it(forced, monkeypatch, tiny_folder):
+    from specdiff.distill.teacher import load_verifier_model
+    from specdiff.models import load_causal_lm
+    from specdiff.serving.config import ModelSource
+    from specdiff.serving.models import load_verifier
+
+    monkeypatch.setenv(dtypes.ENV_DTYPE, forced)
+    want = getattr(torch, forced)
+    assert resolve_dtype_with_reason("auto") == (want, f"auto: forced by SPECDIFF_DTYPE={forced}")
+
+    jobs_model, tokenizer = load_causal_lm(str(tiny_folder))  # the jobs' loader (generate.py, bench.py)
+    distill_model = load_verifier_model(tiny_folder, "auto")  # the teacher's and evaluation's loader
+    served = load_verifier(ModelSource(verifier=str(tiny_folder))).model  # serving's loader
+    for model in (jobs_model, distill_model, served):
+        assert next(model.parameters()).dtype == want
+    with torch.no_grad():
+        assert jobs_model(torch.tensor([[1, 2, 3]])).logits.dtype == want
+
+    prompt = tokenizer.encode("Hello", add_special_tokens=False)
+    out = generate_plain(HFVerifier(jobs_model), prompt, max_new_tokens=6, sampling=SamplingParams(0.0))
+    assert len(out.tokens) == 6 and all(0 <= t < len(tokenizer) for t in out.tokens)
+
+
+def test_auto_follows_the_cpu(monkeypatch):
+    monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: False)
+    dtype, reason = resolve_dtype_with_reason("auto")
+    assert dtype == torch.float32 and reason.startswith("auto: no native bf16 on this CPU")
+    assert resolve_dtype("auto", phase="decode") == torch.float32
+    monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: True)
+    dtype, reason = resolve_dtype_with_reason("auto")
+    assert dtype == torch.bfloat16 and reason.startswith("auto: CPU has native bf16")
+    assert resolve_dtype("auto", phase="decode") == torch.bfloat16
+    assert resolve_dtype("auto", device="cuda") == torch.bfloat16  # no GPU needed to decide for one
+
+
+def test_fake_no_bf16_env_simulates_a_cpu_without_it(monkeypatch):
+    monkeypatch.setattr(dtypes, "cpu_bf16_flags", lambda: ("avx512_bf16",))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert dtypes.cpu_has_native_bf16() and resolve_dtype("auto") == torch.bfloat16
+    monkeypatch.setenv(dtypes.ENV_FAKE_NO_BF16, "1")
+    assert not dtypes.cpu_has_native_bf16() and resolve_dtype("auto") == torch.float32
+
+
+def test_bf16_flag_needs_avx512_kernels_on_x86(monkeypatch):
+    monkeypatch.setattr(dtypes, "cpu_bf16_flags", lambda: ("avx512_bf16",))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # e.g. ATEN_CPU_CAPABILITY=avx2
+    assert not dtypes.cpu_has_native_bf16()
+    monkeypatch.setattr(dtypes, "cpu_bf16_flags", lambda: ())
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")  # AVX-512 without bf16
+    assert not dtypes.cpu_has_native_bf16()
+
+
+def test_explicit_wins_over_env_and_cpu(monkeypatch):
+    monkeypatch.setenv(dtypes.ENV_DTYPE, "bfloat16")
+    monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: True)
+    assert resolve_dtype_with_reason("float32") == (torch.float32, "explicit")
+    assert resolve_dtype(torch.float32) == torch.float32
+    monkeypatch.setenv(dtypes.ENV_DTYPE, "float32")
+    assert resolve_dtype("bfloat16", phase="decode") == torch.bfloat16
+    assert resolve_dtype("float16") == torch.float16
+
+
+@pytest.mark.parametrize("call, named", [
+    (lambda: resolve_dtype("fp64"), "'fp64'"),
+    (lambda: resolve_dtype("bf16"), "'bf16'"),
+    (lambda: resolve_dtype(torch.int64), "torch.int64"),
+    (lambda: resolve_dtype("auto", phase="prefill"), "'prefill'"),
+])
+def test_bad_names_raise_and_name_the_value(call, named):
+    with pytest.raises(ValueError, match=named):
+        call()
+
+
+def test_bad_env_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv(dtypes.ENV_DTYPE, "half")
+    with pytest.raises(ValueError, match="SPECDIFF_DTYPE.*'half'"):
+        resolve_dtype("auto")
+    assert resolve_dtype("float32") == torch.float32  # explicit never reads it
+
+
+def test_models_parse_dtype_is_the_same_helper():
+    from specdiff.models import DTYPES, parse_dtype
+
+    assert parse_dtype is resolve_dtype and DTYPES is dtypes.DTYPES
+    assert parse_dtype("float32") == torch.float32 and parse_dtype("bfloat16") == torch.bfloat16
+    with pytest.raises(ValueError, match="'float64'"):
+        parse_dtype("float64")
+
+
+def test_configs_accept_auto_and_default_to_it():
+    from pydantic import ValidationError
+
+    from specdiff.distill.config import VerifierSection
+
+    assert VerifierSection(path="v").dtype == "auto"
+    assert VerifierSection(path="v", dtype="float32").dtype == "float32"
+    with pytest.raises(ValidationError, match="float64"):
+        VerifierSection(path="v", dtype="float64")
+
+
+def test_training_autocast_stays_fp32_on_cpu(monkeypatch):
+    monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: True)
+    assert not dtypes.train_autocast_bf16("auto", "cpu")  # measured slower for tiny drafters on a bf16 CPU
+    assert dtypes.train_autocast_bf16("bf16", "cpu") and not dtypes.train_autocast_bf16("fp32", "cpu")
+    with pytest.raises(ValueError, match="'half'"):
+        dtypes.train_autocast_bf16("half")
+
+
+def test_bench_records_the_resolved_dtype(monkeypatch, capsys):
+    sys.path.insert(0, str(REPO / "jobs"))
+    import bench
+
+    monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: False)
+    args = bench.parse_args([])
+    assert args.dtype == "float32" and args.dtype_reason.startswith("auto: no native bf16")
+    assert bench.parse_args(["--dtype", "bfloat16"]).dtype == "bfloat16"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--dtype", "fp8"])
+    assert "'fp8'" in capsys.readouterr().err
+
+
+def test_generate_rejects_a_bad_dtype_before_loading_anything(capsys):
+    sys.path.insert(0, str(REPO / "jobs"))
+    import generate
+
+    assert generate.main(["--dtype", "fp8"]) == 2
+    assert "'fp8'" in capsys.readouterr().err
