@@ -275,8 +275,8 @@ class SpeculativeDecoder:
         """The cost model: given, or measured once (on a throwaway session of the first adaptive prompt)."""
         if self.costs is None:
             t0 = time.perf_counter()
-            gamma = spec.gamma or spec.max_gamma
-            self.costs = calibrate(self.drafter, self.verifier, prompt, gamma, spec.num_candidates or spec.max_candidates)
+            gamma, k = spec.gamma or spec.max_gamma, spec.num_candidates or spec.max_candidates
+            self.costs = calibrate(self.drafter, self.verifier, prompt, gamma, k)
             stats.calibration_s += time.perf_counter() - t0
         return self.costs
 

@@ -160,7 +160,8 @@ class SpeculationPolicy:
         self.gammas = sorted(set(gammas))
         self.ks = sorted(set(ks))
         self.allow_plain = allow_plain
-        self.alpha0, self.prior_weight, self.decay, self.boost, self.discount = alpha0, prior_weight, decay, boost, discount
+        self.alpha0, self.prior_weight, self.decay = alpha0, prior_weight, decay
+        self.boost, self.discount = boost, discount
         size = self.gammas[-1]
         self._accepted = {k: [0.0] * size for k in self.ks}  # discounted counts per K and position
         self._reached = {k: [0.0] * size for k in self.ks}
