@@ -42,8 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--untrained", action="store_true", help="draft with unaligned verifier layers (no build)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt raw instead of through the chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--gamma", type=int, default=4, help="window: drafted positions per round")
-    p.add_argument("--k", type=int, default=4, help="candidates per round (self-selection)")
+    p.add_argument("--gamma", type=int, default=None, help="window: drafted positions per round (default: adaptive)")
+    p.add_argument("--k", type=int, default=None, help="candidates per round, self-selection (default: adaptive)")
     p.add_argument("--draft-temperature", type=float, default=1.5)
     p.add_argument("--temperature", type=float, default=0.0, help="verifier sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -109,6 +109,7 @@ def main(argv=None) -> int:
     s = result.stats
     print(f"speculative: {len(result.tokens)} tokens in {spec_s:.2f} s ({len(result.tokens) / spec_s:.1f} tok/s), "
           f"tau={s.tau:.2f}, rounds={s.rounds}, drafter {s.drafter_s:.2f} s, verifier {s.verifier_s:.2f} s")
+    print(f"choices: {s.choices}")
     print(f"plain:       {len(plain.tokens)} tokens in {plain_s:.2f} s ({len(plain.tokens) / plain_s:.1f} tok/s)")
     speedup = (len(result.tokens) / spec_s) / (len(plain.tokens) / plain_s)
     print(f"speed-up over plain decoding: {speedup:.2f}x")

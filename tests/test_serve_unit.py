@@ -177,6 +177,11 @@ def test_verifier_server_counts_sessions_in_flight(ref, close_midway):
     assert server._busy == {} and server._closed == set()
 
 
+# The former defaults, fixed: these tests count calls per round (the adaptive policy would add calibration calls
+# and plain steps).
+FIXED = SpecConfig(gamma=8, num_candidates=4)
+
+
 def _remote_decoder(ref, drafter_handle, verifier_handle, **verifier_options):
     drafter = RemoteDrafter(drafter_handle, ref.drafter.vocab_size, timeout_s=0.5, cooldown_s=0.0)
     verifier = RemoteVerifier(verifier_handle, ref.verifier.vocab_size, ref.verifier.max_context, **verifier_options)
@@ -188,7 +193,8 @@ def test_decode_over_handles_equals_local(ref, temperature):
     server = VerifierServer(ref.verifier)
     decoder, verifier = _remote_decoder(ref, FakeHandle(SyncDrafter(ref.drafter)), FakeHandle(server))
     prompt = ref.tokenizer.encode("Hello there", add_special_tokens=False)
-    options = dict(max_new_tokens=40, sampling=SamplingParams(temperature=temperature), spec=SpecConfig(gamma=6), seed=3)
+    spec = SpecConfig(gamma=6, num_candidates=4)
+    options = dict(max_new_tokens=40, sampling=SamplingParams(temperature=temperature), spec=spec, seed=3)
     remote = decoder.generate(prompt, **options)
     local = SpeculativeDecoder(ref.drafter, ref.verifier).generate(prompt, **options)
     assert remote.tokens == local.tokens and remote.stats.rounds == local.stats.rounds
@@ -202,7 +208,7 @@ def test_drafter_timeout_falls_back_exactly(ref):
     slow = FakeHandle(SyncDrafter(ref.drafter), delay_s=1.0)
     decoder, _ = _remote_decoder(ref, slow, FakeHandle(server))
     prompt = [72, 105]
-    result = decoder.generate(prompt, max_new_tokens=5, sampling=SamplingParams(temperature=0), seed=0)
+    result = decoder.generate(prompt, max_new_tokens=5, sampling=SamplingParams(temperature=0), spec=FIXED, seed=0)
     from specdiff import generate_plain
 
     assert result.tokens == generate_plain(ref.verifier, prompt, max_new_tokens=5).tokens
@@ -224,8 +230,9 @@ def test_verifier_call_is_retried(ref):
     flaky = FakeHandle(server, failures=[ray_errors.ActorDiedError(), TimeoutError("slow")])
     decoder, _ = _remote_decoder(ref, FakeHandle(SyncDrafter(ref.drafter)), flaky, retries=2)
     prompt = [72, 105, 33]
-    got = decoder.generate(prompt, max_new_tokens=12, sampling=SamplingParams(temperature=0), seed=0)
-    want = SpeculativeDecoder(ref.drafter, ref.verifier).generate(prompt, max_new_tokens=12, sampling=SamplingParams(temperature=0), seed=0)
+    options = dict(max_new_tokens=12, sampling=SamplingParams(temperature=0), spec=FIXED, seed=0)
+    got = decoder.generate(prompt, **options)
+    want = SpeculativeDecoder(ref.drafter, ref.verifier).generate(prompt, **options)
     assert got.tokens == want.tokens
     assert flaky.calls.count("score") == got.stats.verifier_calls + 2
 
@@ -234,14 +241,14 @@ def test_verifier_gives_up_after_retries(ref):
     flaky = FakeHandle(VerifierServer(ref.verifier), failures=[ray_errors.ActorDiedError()] * 3)
     decoder, _ = _remote_decoder(ref, FakeHandle(SyncDrafter(ref.drafter)), flaky, retries=2)
     with pytest.raises(ray_errors.ActorDiedError):
-        decoder.generate([1, 2], max_new_tokens=4, seed=0)
+        decoder.generate([1, 2], max_new_tokens=4, spec=FIXED, seed=0)
 
 
 def test_verifier_user_errors_are_not_retried(ref):
     flaky = FakeHandle(VerifierServer(ref.verifier), failures=[ValueError("bad tree")])
     decoder, _ = _remote_decoder(ref, FakeHandle(SyncDrafter(ref.drafter)), flaky, retries=2)
     with pytest.raises(ValueError, match="bad tree"):
-        decoder.generate([1, 2], max_new_tokens=4, seed=0)
+        decoder.generate([1, 2], max_new_tokens=4, spec=FIXED, seed=0)
     assert flaky.calls.count("score") == 1
 
 

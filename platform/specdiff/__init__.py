@@ -15,6 +15,7 @@ from .drafter import (
     window_logits,
 )
 from .engine import DecodeStream, GenerationResult, SpeculativeDecoder, generate_plain, make_generator, stream_plain
+from .policy import SpeculationCosts, SpeculationPolicy
 from .sampling import target_probs
 from .selection import expected_streak, sample_candidates, select
 from .stats import DecodeStats
@@ -32,6 +33,8 @@ __all__ = [
     "HFVerifier",
     "SamplingParams",
     "SpecConfig",
+    "SpeculationCosts",
+    "SpeculationPolicy",
     "SpeculativeDecoder",
     "TokenTree",
     "Verdict",

@@ -54,23 +54,36 @@ class SpecConfig:
     """One speculative round: draft a window of ``gamma`` tokens, sample ``num_candidates`` (K) candidates at
     ``draft_temperature``, keep the best by expected accepted streak, verify it.
 
+    ``gamma`` / ``num_candidates`` left at None (the default) are chosen round by round by the adaptive policy
+    (``specdiff.policy``) within ``max_gamma`` / ``max_candidates``; with ``gamma`` None it may also take plain
+    (verifier-only) steps when no speculation pays. An explicit integer is used as given, every round.
+
     ``acceptance``:
       - ``"greedy"``: accept x with probability p(x) (exact for any selection rule; the paper's choice).
       - ``"speculative"``: standard speculative sampling min(1, p/q); exact only for K=1, accepts more.
     """
 
-    gamma: int = 8
-    num_candidates: int = 4
+    gamma: int | None = None  # None: adaptive
+    num_candidates: int | None = None  # None: adaptive
     draft_temperature: float = 1.5
     draft_top_k: int = 0  # 0 disables the filter
     acceptance: Acceptance = "greedy"
+    max_gamma: int = 8  # bounds of the adaptive search
+    max_candidates: int = 4
 
     def __post_init__(self) -> None:
-        _check(_is_int(self.gamma) and self.gamma >= 1, "gamma", self.gamma, "an integer >= 1")
+        _check(self.gamma is None or (_is_int(self.gamma) and self.gamma >= 1), "gamma", self.gamma, "an integer >= 1")
         _check(
-            _is_int(self.num_candidates) and self.num_candidates >= 1,
+            self.num_candidates is None or (_is_int(self.num_candidates) and self.num_candidates >= 1),
             "num_candidates (K)",
             self.num_candidates,
+            "an integer >= 1",
+        )
+        _check(_is_int(self.max_gamma) and self.max_gamma >= 1, "max_gamma", self.max_gamma, "an integer >= 1")
+        _check(
+            _is_int(self.max_candidates) and self.max_candidates >= 1,
+            "max_candidates",
+            self.max_candidates,
             "an integer >= 1",
         )
         _check(
@@ -81,11 +94,16 @@ class SpecConfig:
         )
         _check(_is_int(self.draft_top_k) and self.draft_top_k >= 0, "draft_top_k", self.draft_top_k, "an integer >= 0")
         _check(self.acceptance in ("greedy", "speculative"), "acceptance", self.acceptance, "'greedy' or 'speculative'")
-        if self.acceptance == "speculative" and self.num_candidates != 1:
+        if self.acceptance == "speculative" and self.num_candidates not in (None, 1):
             raise ValueError(
                 f"acceptance='speculative' is exact only for a single candidate; got num_candidates (K)="
                 f"{self.num_candidates}. Use acceptance='greedy' with self-selection."
             )
+
+    @property
+    def adaptive(self) -> bool:
+        """True when the policy chooses gamma and/or K (either left at None)."""
+        return self.gamma is None or self.num_candidates is None
 
 
 @dataclass(frozen=True)

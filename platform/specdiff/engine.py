@@ -5,13 +5,17 @@ the draft temperature and merged into a trie; the verifier scores the trie in on
 verification pass); the candidate with the highest expected streak is verified; the accepted tokens plus one
 recovered-or-bonus token are emitted and committed to the verifier's KV cache.
 
+With ``SpecConfig.gamma`` / ``num_candidates`` left at None, a ``SpeculationPolicy`` (``policy``) picks them per
+round from the decode's own acceptance history and a cost model measured once per decoder, and takes plain steps
+when speculation does not pay; explicit values run exactly as given.
+
 The engine knows nothing about text except for optional stop strings (which need a tokenizer to decode).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -19,6 +23,7 @@ import torch
 from .acceptance import greedy_accept, speculative_accept
 from .config import SamplingParams, SpecConfig
 from .drafter import Drafter, DrafterUnavailable
+from .policy import SpeculationCosts, SpeculationPolicy, calibrate
 from .sampling import sample, target_probs
 from .selection import sample_candidates, select
 from .stats import DecodeStats
@@ -176,9 +181,19 @@ class SpeculativeDecoder:
     >>> decoder = SpeculativeDecoder(drafter, verifier)
     >>> result = decoder.generate(prompt_ids, max_new_tokens=64, spec=SpecConfig(gamma=8, num_candidates=4), seed=0)
     >>> result.tokens, result.stats.tau
+
+    ``costs``: the adaptive policy's cost model; None measures it on the first adaptive decode (``calibrate``) and
+    keeps it for this decoder's lifetime.
     """
 
-    def __init__(self, drafter: Drafter, verifier: Verifier, *, decode: Callable[[list[int]], str] | None = None):
+    def __init__(
+        self,
+        drafter: Drafter,
+        verifier: Verifier,
+        *,
+        decode: Callable[[list[int]], str] | None = None,
+        costs: SpeculationCosts | None = None,
+    ):
         if drafter.vocab_size != verifier.vocab_size:
             raise ValueError(
                 f"drafter vocab_size ({drafter.vocab_size}) must equal the verifier's vocab_size "
@@ -187,6 +202,7 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.verifier = verifier
         self.decode = decode
+        self.costs = costs
         self._propose = self._propose_plain
         if getattr(drafter, "needs_features", False):
             wanted, have = tuple(drafter.tap_layers), tuple(getattr(verifier, "tap_layers", None) or ())
@@ -247,14 +263,38 @@ class SpeculativeDecoder:
         return DecodeStream(rounds, stopper, stats)
 
     def _rounds(self, prompt, stopper: _Stopper, sampling, spec: SpecConfig, gen, stats: DecodeStats):
+        policy: SpeculationPolicy | None = None
+
         def step(session: VerifierSession, room: int) -> list[int]:
+            nonlocal policy
+            if spec.adaptive and policy is None:
+                policy = SpeculationPolicy.from_spec(spec, self._costs(spec, session.tokens, stats))
+            # The policy decides from earlier rounds only (never this round's draws), so each round stays exact.
+            window, k = (spec.gamma, spec.num_candidates) if policy is None else policy.choose()
             # Emit at most min(remaining, room) tokens: the window leaves one slot for the recovered/bonus token.
-            gamma = min(spec.gamma, stopper.remaining - 1, room - 1)
+            gamma = min(window, stopper.remaining - 1, room - 1)
             if gamma < 1:
+                if window == 0:
+                    stats.policy_plain_steps += 1
                 return _plain_step(session, sampling, gen, stats)
-            return self._round(session, gamma, sampling, spec, gen, stats)
+            if policy is None:
+                return self._round(session, gamma, sampling, spec, gen, stats)
+            rounds, accepted, nodes = stats.rounds, stats.accepted, stats.tree_nodes
+            out = self._round(session, gamma, sampling, replace(spec, gamma=gamma, num_candidates=k), gen, stats)
+            if stats.rounds > rounds:  # not a drafter fallback
+                policy.observe(gamma, k, stats.accepted - accepted, stats.tree_nodes - nodes)
+            return out
 
         return _decode_loop(self.verifier, prompt, stopper, stats, step)
+
+    def _costs(self, spec: SpecConfig, prompt: list[int], stats: DecodeStats) -> SpeculationCosts:
+        """The cost model: given, or measured once (on a throwaway session of the first adaptive prompt)."""
+        if self.costs is None:
+            t0 = time.perf_counter()
+            gamma, k = spec.gamma or spec.max_gamma, spec.num_candidates or spec.max_candidates
+            self.costs = calibrate(self.drafter, self.verifier, prompt, gamma, k)
+            stats.calibration_s += time.perf_counter() - t0
+        return self.costs
 
     def _round(self, session: VerifierSession, gamma: int, sampling, spec: SpecConfig, gen, stats) -> list[int]:
         t0 = time.perf_counter()
@@ -283,7 +323,9 @@ class SpeculativeDecoder:
         else:
             verdict = greedy_accept(draft, path_probs, gen)
         session.commit(path[: verdict.num_accepted].tolist(), verdict.next_token)
-        stats.record_round(gamma, verdict.num_accepted, tree.candidates.shape[0], tree.num_nodes - 1)
+        stats.record_round(
+            gamma, verdict.num_accepted, tree.candidates.shape[0], tree.num_nodes - 1, spec.num_candidates
+        )
         return verdict.emitted(draft.tolist())
 
 

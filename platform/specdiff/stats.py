@@ -17,9 +17,13 @@ class DecodeStats:
     accepted_per_position: list[int] = field(default_factory=list)  # [gamma]: rounds where position j was accepted
     reached_per_position: list[int] = field(default_factory=list)  # [gamma]: rounds where position j was verified
     fallbacks: int = 0  # rounds decoded verifier-only because the drafter was unavailable or too slow
+    policy_plain_steps: int = 0  # verifier-only steps the adaptive policy chose (no speculation paid)
+    rounds_by_gamma: list[int] = field(default_factory=list)  # [gamma+1]: speculative rounds run with window g
+    rounds_by_k: list[int] = field(default_factory=list)  # [K+1]: speculative rounds run with K candidates
     drafter_s: float = 0.0
     verifier_s: float = 0.0
     prefill_s: float = 0.0
+    calibration_s: float = 0.0  # the adaptive policy's one-off cost measurement (first adaptive decode only)
 
     @property
     def tau(self) -> float:
@@ -31,11 +35,16 @@ class DecodeStats:
         """alpha_j: of the rounds that reached position j, the fraction that accepted it."""
         return [a / r if r else 0.0 for a, r in zip(self.accepted_per_position, self.reached_per_position)]
 
-    def record_round(self, gamma: int, num_accepted: int, candidates: int, tree_nodes: int) -> None:
+    def record_round(
+        self, gamma: int, num_accepted: int, candidates: int, tree_nodes: int, num_candidates: int | None = None
+    ) -> None:
         grow = gamma - len(self.accepted_per_position)
         if grow > 0:
             self.accepted_per_position.extend([0] * grow)
             self.reached_per_position.extend([0] * grow)
+        _bump(self.rounds_by_gamma, gamma)
+        if num_candidates is not None:
+            _bump(self.rounds_by_k, num_candidates)
         for j in range(min(num_accepted + 1, gamma)):  # verified up to and including the first rejection
             self.reached_per_position[j] += 1
         for j in range(num_accepted):
@@ -47,6 +56,14 @@ class DecodeStats:
         self.emitted += num_accepted + 1
         self.candidates += candidates
         self.tree_nodes += tree_nodes
+
+    @property
+    def choices(self) -> dict[str, int]:
+        """What the decode ran: plain steps the policy chose, rounds by window and by K (for logs)."""
+        out = {"plain": self.policy_plain_steps}
+        out.update({f"gamma={g}": n for g, n in enumerate(self.rounds_by_gamma) if n})
+        out.update({f"K={k}": n for k, n in enumerate(self.rounds_by_k) if n})
+        return out
 
     def record_plain_step(self) -> None:
         self.verifier_calls += 1
@@ -67,3 +84,9 @@ class DecodeStats:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tau": self.tau, "alpha": self.alpha}
+
+
+def _bump(counts: list[int], index: int) -> None:
+    if index >= len(counts):
+        counts.extend([0] * (index + 1 - len(counts)))
+    counts[index] += 1

@@ -1,0 +1,261 @@
+"""Adaptive speculation: choose the window γ, the number of candidates K, or a plain step, round by round.
+
+A round with window γ and K candidates costs one drafter call plus one verifier pass over a trie of about 1 + γK
+nodes, and emits on average ``1 + Σ_{m≤γ} Π_{j≤m} α_j`` tokens (α_j: acceptance of position j given it was
+reached, for that K). A plain step costs one verifier pass over a single node and emits one token. The policy
+keeps running estimates of α_j per K from the decode's own rounds and picks the (γ, K) that maximises expected
+tokens per second under a fixed cost model; when no choice beats a plain step it decodes plain, and now and then
+spends a cheap probe round (small γ, one candidate) to notice a drafter that has become useful. Probes are spaced
+so that failed ones cost at most ``probe_budget`` of the plain decoding time, and the spacing doubles while they
+keep failing.
+
+Exactness. The choice for a round is a function of the fixed costs and of the outcomes of earlier rounds only; it
+is made before the round draws anything, so it never looks at the current round's candidates or acceptance
+coins. Given the whole history H up to a round (which fixes the prefix s and the choice d), every rule the engine
+may run (a plain step, or greedy acceptance with self-selection for any γ and K, see ``acceptance``) emits its
+first token from p(·|s) and each later token of the round from p(·|s, tokens emitted before it). So
+P(x_t | x_<t, H) = p(x_t | x_<t) for every emitted token, whatever H besides the prefix contains, and the output
+follows the verifier exactly. The same holds for the fixed cost model: it is measured once (or given) before any
+decision and never changes with the tokens.
+
+Reproducibility. With the costs fixed, a seeded decode makes the same choices and draws the same numbers every
+time. Calibration times real forwards, so two decoders that calibrate separately may choose differently (same
+distribution, different samples); pass ``costs`` explicitly where that matters.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .config import SpecConfig
+from .drafter import DrafterUnavailable
+from .selection import sample_candidates
+from .tree import build_tree, chain
+
+PLAIN = (0, 0)  # the policy's "take a plain step" choice: window 0
+
+
+@dataclass(frozen=True)
+class SpeculationCosts:
+    """Fixed cost model. ``verify_s``: (trie nodes including the root, seconds per verifier pass) points, sorted
+    by nodes, interpolated piecewise-linearly (CPU forwards are far from affine at small sizes: one row runs as a
+    matrix-vector product, a few rows as a matrix product). ``draft_s``: one drafter call plus candidate
+    sampling."""
+
+    draft_s: float
+    verify_s: tuple[tuple[int, float], ...]
+
+    def __post_init__(self) -> None:
+        nodes = [n for n, _ in self.verify_s]
+        if not self.verify_s or nodes != sorted(set(nodes)) or nodes[0] != 1:
+            raise ValueError(f"verify_s must be (nodes, seconds) points with distinct increasing nodes starting at 1, "
+                             f"got {self.verify_s!r}")
+        if any(not (s > 0 and math.isfinite(s)) for _, s in self.verify_s) or not self.draft_s >= 0:
+            raise ValueError(f"costs must be finite and positive, got draft_s={self.draft_s!r}, "
+                             f"verify_s={self.verify_s!r}")
+
+    @classmethod
+    def affine(cls, draft_s: float, base_s: float, per_node_s: float) -> SpeculationCosts:
+        """Verifier pass = ``base_s + per_node_s * nodes``."""
+        return cls(draft_s, ((1, base_s + per_node_s), (2, base_s + 2 * per_node_s)))
+
+    @property
+    def plain_s(self) -> float:
+        return self.verify_s[0][1]
+
+    def verify(self, nodes: float) -> float:
+        """Seconds of one verifier pass over ``nodes`` trie nodes (root included)."""
+        pts = self.verify_s
+        if len(pts) == 1:
+            return pts[0][1]
+        i = min(max(bisect.bisect_right([n for n, _ in pts], nodes) - 1, 0), len(pts) - 2)
+        (n0, t0), (n1, t1) = pts[i], pts[i + 1]
+        return max(t0 + (t1 - t0) * (nodes - n0) / (n1 - n0), pts[0][1])
+
+
+@torch.no_grad()
+def calibrate(drafter, verifier, prompt: Sequence[int], max_gamma: int, max_candidates: int,
+              repeats: int = 3) -> SpeculationCosts:
+    """Time verifier passes over 1, 2, 1+γ_max and 1+γ_max·K_max nodes on a throwaway session of ``prompt``, and
+    the drafter's call at γ_max (after a warm-up each; medians). Draws from no shared generator."""
+    sizes = sorted({1, 2, 1 + max_gamma, 1 + max_gamma * max_candidates})
+    prompt = [int(t) for t in prompt]
+    if verifier.max_context is not None:  # leave room for the trees and one committed token per pass
+        room = verifier.max_context - sizes[-1] - (repeats + 1) * len(sizes) - 1
+        prompt = prompt[-max(room, 1):]
+    session = verifier.start(prompt)
+    vocab = verifier.vocab_size
+    points = []
+    for nodes in sizes:
+        times = []
+        for _ in range(repeats + 1):
+            root = session.tokens[-1]
+            width = nodes - 1
+            if width == 0:
+                tree = chain(root, [])
+            else:  # distinct first tokens: no sharing, exactly `nodes` nodes
+                k = max(1, width // max_gamma)
+                g = width // k
+                tree = build_tree(root, (torch.arange(k * g).view(k, g) + 1 + root) % vocab)
+            t0 = time.perf_counter()
+            session.score(tree)
+            times.append(time.perf_counter() - t0)
+            session.commit([], root)
+        points.append((nodes, statistics.median(times[1:])))
+    gen = torch.Generator().manual_seed(0)
+    draft = []
+    prefix = list(session.tokens)
+    try:
+        for i in range(repeats + 1):  # growing prefix, as in decoding (a prefix-caching drafter runs the new part)
+            t0 = time.perf_counter()
+            p = prefix[: len(prefix) - repeats + i]
+            if getattr(drafter, "needs_features", False):  # a feature drafter reads the session's tapped states
+                marginals = drafter.propose(p, max_gamma, session.features[: len(p) - 1])
+            else:
+                marginals = drafter.propose(p, max_gamma)
+            sample_candidates(marginals, max_candidates, 1.0, gen)
+            draft.append(time.perf_counter() - t0)
+        draft_s = statistics.median(draft[1:])
+    except DrafterUnavailable:
+        draft_s = points[0][1]  # unknown: assume a drafter call costs a plain step
+    for i in range(1, len(points)):  # timing noise must not make a bigger tree look cheaper
+        points[i] = (points[i][0], max(points[i][1], points[i - 1][1]))
+    return SpeculationCosts(draft_s, tuple(points))
+
+
+class SpeculationPolicy:
+    """Per-decode state: acceptance estimates and the plain/probe schedule. ``choose()`` before each round,
+    ``observe()`` after each speculative round (not after plain steps).
+
+    α_j for K is ``(accepted_j + w·prior_j) / (reached_j + w)`` with counts discounted by ``discount`` per round
+    of that K (recent rounds weigh more: a prompt where the drafter is good is noticed). Priors: for K=1,
+    ``alpha0`` at j=1 and ``decay``·α_{j-1} beyond (a position never reached inherits its predecessor's estimate,
+    decayed); for a larger K, the next smaller K's α_j raised by ``boost``·α(1-α) (half the gain of an independent
+    extra draw), so a K never tried is neither ignored nor assumed much better. Then each K's estimate is capped
+    by the next larger K's (selecting among fewer candidates does not accept more), so a failed round at K=4
+    also lowers the estimates for K=1 and 2.
+    """
+
+    def __init__(
+        self,
+        costs: SpeculationCosts,
+        *,
+        gammas: Sequence[int],
+        ks: Sequence[int],
+        allow_plain: bool,
+        alpha0: float = 0.5,
+        prior_weight: float = 1.0,
+        decay: float = 0.9,
+        boost: float = 0.5,
+        discount: float = 0.95,
+        probe_gamma: int = 2,
+        probe_budget: float = 0.03,
+        min_probe_interval: int = 4,
+        max_probe_interval: int = 512,
+    ):
+        self.costs = costs
+        self.gammas = sorted(set(gammas))
+        self.ks = sorted(set(ks))
+        self.allow_plain = allow_plain
+        self.alpha0, self.prior_weight, self.decay = alpha0, prior_weight, decay
+        self.boost, self.discount = boost, discount
+        size = self.gammas[-1]
+        self._accepted = {k: [0.0] * size for k in self.ks}  # discounted counts per K and position
+        self._reached = {k: [0.0] * size for k in self.ks}
+        self._share = {k: 1.0 for k in self.ks}  # observed trie nodes / (γK): shared prefixes make tries smaller
+        self._rounds = {k: 0 for k in self.ks}
+        self.probe = (min(probe_gamma, size) if min(probe_gamma, size) in self.gammas else self.gammas[0], self.ks[0])
+        g, k = self.probe
+        extra = costs.draft_s + costs.verify(1 + g * k) - costs.plain_s  # what a failed probe costs over a plain step
+        self._base_interval = max(min_probe_interval, math.ceil(extra / (probe_budget * costs.plain_s)))
+        self._max_interval = max_probe_interval
+        self._fails = 0  # probes in a row after which plain still won
+        self._since_probe = 0  # plain steps since the last probe
+        self._probing = False
+
+    @classmethod
+    def from_spec(cls, spec: SpecConfig, costs: SpeculationCosts, **kwargs) -> SpeculationPolicy:
+        """γ free when ``spec.gamma`` is None (1..max_gamma, plain allowed), else fixed; K free when
+        ``spec.num_candidates`` is None (powers of two up to max_candidates; 1 under speculative acceptance)."""
+        gammas = range(1, spec.max_gamma + 1) if spec.gamma is None else [spec.gamma]
+        if spec.num_candidates is not None:
+            ks = [spec.num_candidates]
+        elif spec.acceptance == "speculative":
+            ks = [1]
+        else:
+            ks = [1 << i for i in range(spec.max_candidates.bit_length()) if 1 << i <= spec.max_candidates]
+        return cls(costs, gammas=gammas, ks=ks, allow_plain=spec.gamma is None, **kwargs)
+
+    def alphas(self) -> dict[int, list[float]]:
+        """Current α_1..α_γmax estimates per K."""
+        out: dict[int, list[float]] = {}
+        smaller: list[float] | None = None
+        for k in self.ks:  # upwards: priors inherited from the next smaller K
+            acc, reach, w = self._accepted[k], self._reached[k], self.prior_weight
+            est: list[float] = []
+            for j in range(len(acc)):
+                if smaller is not None:
+                    prior = smaller[j] + self.boost * smaller[j] * (1 - smaller[j])
+                else:
+                    prior = self.alpha0 if j == 0 else self.decay * est[j - 1]
+                est.append((acc[j] + w * prior) / (reach[j] + w))
+            out[k] = smaller = est
+        for lo, hi in zip(self.ks[-2::-1], self.ks[:0:-1]):  # downwards: fewer candidates never accept more
+            out[lo] = [min(a, b) for a, b in zip(out[lo], out[hi])]
+        return out
+
+    def rates(self) -> dict[tuple[int, int], float]:
+        """Expected tokens per second of every choice on the menu (plain as (0, 0) when allowed)."""
+        out = {PLAIN: 1 / self.costs.plain_s} if self.allow_plain else {}
+        for k, alpha in self.alphas().items():
+            streak = 1.0
+            expected = 1.0
+            for g in range(1, self.gammas[-1] + 1):
+                streak *= alpha[g - 1]
+                expected += streak
+                if g in self.gammas:
+                    nodes = 1 + g * (1 if k == 1 else k * self._share[k])
+                    out[(g, k)] = expected / (self.costs.draft_s + self.costs.verify(nodes))
+        return out
+
+    def choose(self) -> tuple[int, int]:
+        """(γ, K) for the next round, or ``PLAIN`` = (0, 0)."""
+        rates = self.rates()
+        plain_rate = rates.pop(PLAIN, None)
+        best = max(rates, key=lambda c: (rates[c], -c[0] * c[1]))  # ties: the smaller tree
+        if plain_rate is None or rates[best] > plain_rate:
+            self._fails, self._since_probe, self._probing = 0, 0, False
+            return best
+        if self._probing:  # the probe did not make speculation worth it: wait longer before the next one
+            self._fails += 1
+            self._probing = False
+        interval = min(self._base_interval << min(self._fails, 20), self._max_interval)
+        if self._since_probe >= interval:
+            self._since_probe, self._probing = 0, True
+            return self.probe
+        self._since_probe += 1
+        return PLAIN
+
+    def observe(self, gamma: int, k: int, num_accepted: int, tree_nodes: int) -> None:
+        """A speculative round ran with window ``gamma`` and ``k`` candidates; ``tree_nodes`` excludes the root."""
+        if k not in self._accepted:
+            return
+        acc, reach = self._accepted[k], self._reached[k]
+        for j in range(len(acc)):
+            acc[j] *= self.discount
+            reach[j] *= self.discount
+        for j in range(min(num_accepted + 1, gamma, len(acc))):
+            reach[j] += 1
+        for j in range(min(num_accepted, len(acc))):
+            acc[j] += 1
+        if k > 1:
+            n = self._rounds[k]
+            self._share[k] = (self._share[k] * (n + 1) + tree_nodes / (gamma * k)) / (n + 2)  # weak prior of 1.0
+        self._rounds[k] += 1

@@ -1,0 +1,113 @@
+"""The adaptive speculation policy: its choices under given costs, and exactness/reproducibility in the engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import OracleDrafter
+from specdiff import HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, build_small_drafter, generate_plain
+from specdiff.policy import PLAIN, SpeculationCosts, SpeculationPolicy
+
+# A CPU-like profile: a plain step 50 ms, each extra trie node 1 ms, a drafter call 10 ms.
+COSTS = SpeculationCosts.affine(draft_s=0.010, base_s=0.049, per_node_s=0.001)
+# Speculation nearly free: the policy should speculate whenever the drafter is any good.
+CHEAP = SpeculationCosts.affine(draft_s=0.001, base_s=0.049, per_node_s=0.0001)
+
+
+def run(policy: SpeculationPolicy, steps: int, accept) -> list[tuple[int, int]]:
+    """Drive the policy; ``accept(gamma, k)`` gives each speculative round's accepted count."""
+    choices = []
+    for _ in range(steps):
+        g, k = policy.choose()
+        choices.append((g, k))
+        if (g, k) != PLAIN:
+            policy.observe(g, k, accept(g, k), g * k)
+    return choices
+
+
+def test_useless_drafter_goes_plain_and_probes_rarely():
+    policy = SpeculationPolicy.from_spec(SpecConfig(), COSTS)
+    choices = run(policy, 400, lambda g, k: 0)
+    spec_rounds = [c for c in choices if c != PLAIN]
+    assert choices[-50:].count(PLAIN) >= 49
+    assert len(spec_rounds) <= 8, spec_rounds  # a few exploratory rounds and a few (doubling-spaced) probes
+    first_plain = choices.index(PLAIN)
+    assert first_plain <= 4
+    assert {c for c in choices[first_plain:] if c != PLAIN} == {policy.probe}  # once plain, only cheap probes
+    probes = [i for i, c in enumerate(choices) if i > first_plain and c == policy.probe]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert all(b > a for a, b in zip(gaps, gaps[1:])), probes  # failed probes get rarer
+
+
+def test_good_drafter_speculates_with_long_windows():
+    policy = SpeculationPolicy.from_spec(SpecConfig(), COSTS)
+    choices = run(policy, 100, lambda g, k: g)  # everything accepted
+    assert PLAIN not in choices[5:]
+    assert choices[-1][0] == 8  # the whole window pays when everything is accepted
+    assert min(policy.alphas()[choices[-1][1]]) > 0.9
+
+
+def test_plain_detects_a_drafter_that_becomes_good():
+    policy = SpeculationPolicy.from_spec(SpecConfig(), COSTS)
+    assert run(policy, 100, lambda g, k: 0)[-1] == PLAIN
+    later = run(policy, 400, lambda g, k: g)
+    assert later[-20:].count(PLAIN) == 0
+
+
+def test_no_observation_and_expensive_drafter_means_plain():
+    slow = SpeculationCosts.affine(draft_s=1.0, base_s=0.049, per_node_s=0.001)
+    assert SpeculationPolicy.from_spec(SpecConfig(), slow).choose() == PLAIN
+
+
+def test_explicit_values_bound_the_menu():
+    policy = SpeculationPolicy.from_spec(SpecConfig(gamma=4), COSTS)  # gamma fixed: K adapts, never plain
+    assert {g for g, _ in run(policy, 50, lambda g, k: 0)} == {4}
+    policy = SpeculationPolicy.from_spec(SpecConfig(num_candidates=2), CHEAP)
+    assert {k for _, k in run(policy, 50, lambda g, k: g) if k} == {2}
+    policy = SpeculationPolicy.from_spec(SpecConfig(acceptance="speculative"), CHEAP)  # exact only for K=1
+    assert {k for _, k in run(policy, 50, lambda g, k: g // 2)} <= {0, 1}
+    policy = SpeculationPolicy.from_spec(SpecConfig(max_gamma=3, max_candidates=2), CHEAP)
+    assert max(g for g, _ in run(policy, 50, lambda g, k: g)) == 3 and policy.ks == [1, 2]
+
+
+def test_config_accepts_none_and_checks_bounds():
+    assert SpecConfig().adaptive and not SpecConfig(gamma=8, num_candidates=4).adaptive
+    with pytest.raises(ValueError, match=r"max_gamma must be an integer >= 1, got 0"):
+        SpecConfig(max_gamma=0)
+    with pytest.raises(ValueError, match=r"max_candidates must be an integer >= 1, got 1.5"):
+        SpecConfig(max_candidates=1.5)
+    with pytest.raises(ValueError, match=r"verify_s must be"):
+        SpeculationCosts(0.01, ((2, 0.1),))
+
+
+PROMPTS = [[5], [3, 17, 9, 41], list(range(1, 40))]
+
+
+@pytest.mark.parametrize("costs", [None, COSTS, CHEAP], ids=["calibrated", "cpu-like", "cheap"])
+@pytest.mark.parametrize("drafter_name", ["random", "oracle"])
+def test_adaptive_greedy_equals_plain(verifier_model, drafter_name, costs):
+    drafter = (build_small_drafter(64, hidden_size=32, num_layers=1, num_heads=2) if drafter_name == "random"
+               else OracleDrafter(verifier_model, confidence=0.6))
+    verifier = HFVerifier(verifier_model)
+    decoder = SpeculativeDecoder(drafter, verifier, costs=costs)
+    for prompt in PROMPTS:
+        result = decoder.generate(prompt, max_new_tokens=30, seed=1)
+        assert result.tokens == generate_plain(verifier, prompt, max_new_tokens=30).tokens
+        assert result.stats.emitted >= 30
+    assert decoder.costs is not None  # measured once, then kept
+    if costs is None:
+        assert result.stats.calibration_s == 0.0
+    if drafter_name == "oracle" and costs is CHEAP:
+        assert result.stats.rounds > 0 and result.stats.tau > 1.5  # the adaptive rounds are really exercised
+
+
+def test_seeded_sampling_with_given_costs_is_reproducible(verifier_model):
+    sampling = SamplingParams(temperature=1.0)
+    runs = []
+    for _ in range(2):
+        decoder = SpeculativeDecoder(OracleDrafter(verifier_model, confidence=0.5), HFVerifier(verifier_model),
+                                     costs=COSTS)
+        result = decoder.generate(PROMPTS[1], max_new_tokens=40, sampling=sampling, seed=7)
+        runs.append((result.tokens, result.stats.choices, result.stats.accepted_per_position))
+    assert runs[0] == runs[1]
+    assert runs[0][1]["plain"] < 40  # some speculative rounds ran, so their draws were reproduced too
