@@ -136,3 +136,30 @@ def test_stopped_run_resumes_from_its_step_and_survives_a_killed_worker(assets, 
     # the latest checkpoint the controller had registered (15, or 10 if the step-15 report was still in flight).
     assert starts[:2] == [0, 10] and len(starts) == 3 and starts[2] in (10, 15)
     assert [e[0] for e in final_state(second)["evals"]][:2] == [0, 10]  # no second step-0 evaluation
+
+
+def test_feature_drafter_job_learns_from_the_verifiers_states(assets, ray_session, tmp_path):
+    # drafter.init=feature: the teacher records the verifier's tapped states, two DDP workers train blocks cut at
+    # many anchors per trajectory (decayed-CE warm-up, then Eq. 6), and the output loads as a feature drafter.
+    from specdiff import HFVerifier, SpeculativeDecoder, generate_plain, load_drafter
+    from specdiff.distill import load_config, run
+    from specdiff.distill.teacher import load_verifier_model
+
+    cfg = load_config(TINY, overrides(assets, tmp_path, "prompts_small.jsonl") + [
+        "drafter.init=feature", "drafter.num_layers=1", "drafter.draft_vocab_size=24", "teacher.temperature=0",
+        "objective.warmup_ce_steps=20", "train.steps=40", "train.checkpoint_every=20", "eval.every=20",
+        f"teacher.save_to={tmp_path / 'trajectories'}", "run.name=tiny-feature"])
+    summary = run(cfg)
+    assert summary.finished and summary.step == 40
+    initial, final = summary.metrics["eval/initial_expected_streak"], summary.metrics["eval/expected_streak"]
+    print("feature drafter held-out expected streak:", initial, "->", final)
+    assert final > initial + 0.2
+    meta = json.loads((Path(summary.output_dir) / "specdiff_feature_drafter.json").read_text())
+    assert meta["kind"] == "feature" and meta["config"]["target_layer_ids"] == [1]
+    assert meta["config"]["draft_vocab_size"] == 24 and meta["training"]["steps"] == 40
+    verifier = load_verifier_model(assets / "verifier")
+    drafter = load_drafter(summary.output_dir, verifier=verifier)
+    decoder = SpeculativeDecoder(drafter, HFVerifier(verifier, tap_layers=drafter.tap_layers))
+    prompt = [1, 5, 9, 13]
+    result = decoder.generate(prompt, max_new_tokens=24)
+    assert result.tokens == generate_plain(HFVerifier(verifier), prompt, max_new_tokens=24).tokens
