@@ -67,6 +67,8 @@ def parse_args(argv=None):
     p.add_argument("--k", nargs="+", type=int, default=[1, 2, 4, 8])
     p.add_argument("--draft-temperatures", nargs="+", type=float, default=[1.0, 1.5, 2.0])
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0], help="verifier temperatures")
+    p.add_argument("--adaptive", action="store_true", help="also run the swept drafter with the adaptive policy "
+                   "(the main job's default gamma and K)")
     p.add_argument("--k-default", type=int, default=4)
     p.add_argument("--td-default", type=float, default=1.5)
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16, for every method (auto: bfloat16 "
@@ -115,17 +117,25 @@ def methods_for(args) -> list[Method]:
         if args.ar_drafter and t == 0:  # HF assisted generation, greedy (its sampling path is not comparable)
             out.append(Method("hf_plain", "hf_plain", t))  # its own baseline: HF generate without an assistant
             out.append(Method("hf_assisted_ar", "assisted", t))
-        for name in [*args.drafters, *(["untrained"] if args.untrained else [])]:
+        for name in args.drafters:
             grid = [(k, td) for k in args.k for td in args.draft_temperatures] if name == sweep else [
                 (args.k_default, args.td_default)]
+            if name == sweep and args.adaptive:
+                grid.append((ADAPTIVE, args.td_default))  # the main job's defaults: gamma and K chosen per round
             out += [Method(name, "specdiff", t, name, k, td) for k, td in grid]
+        if args.untrained:  # what a user who leaves the defaults gets before any alignment
+            out.append(Method("untrained", "specdiff", t, "untrained", ADAPTIVE, args.td_default))
     return out
+
+
+ADAPTIVE = 0  # Method.k for the adaptive policy (SpecConfig's gamma and K left to the engine)
 
 
 def label(m: Method) -> str:
     if m.kind != "specdiff":
         return f"{m.name} T={m.temperature:g}"
-    return f"{m.name} K={m.k} Td={m.draft_temperature:g} T={m.temperature:g}"
+    k = "adaptive" if m.k == ADAPTIVE else f"K={m.k}"
+    return f"{m.name} {k} Td={m.draft_temperature:g} T={m.temperature:g}"
 
 
 class Runner:
@@ -171,7 +181,10 @@ class Runner:
                 )
             tokens, stats = out[0, len(prompt):].tolist(), DecodeStats()
         else:
-            spec = SpecConfig(gamma=self.args.gamma, num_candidates=m.k, draft_temperature=m.draft_temperature)
+            if m.k == ADAPTIVE:
+                spec = SpecConfig(max_gamma=self.args.gamma, draft_temperature=m.draft_temperature)
+            else:
+                spec = SpecConfig(gamma=self.args.gamma, num_candidates=m.k, draft_temperature=m.draft_temperature)
             r = self.decoders[m.drafter].generate(prompt, sampling=sampling, spec=spec, **common)
             tokens, stats = r.tokens, r.stats
         seconds = time.perf_counter() - t0
@@ -187,7 +200,12 @@ def main(argv=None) -> int:
     methods = methods_for(args)
     prompts = {d: [chat_prompt_ids(runner.tokenizer, p) for p in load_prompts(d, "eval", args.prompts_per_domain)]
                for d in args.domains}
-    runner.run(methods[-1], prompts[args.domains[0]][0], 0)  # warm-up
+    # Warm-up: first-call overheads, and the adaptive policy's one-off cost calibration per decoder.
+    for m in {m.drafter: m for m in methods if m.kind == "specdiff"}.values() or methods[-1:]:
+        runner.run(m, prompts[args.domains[0]][0], 0)
+    for m in methods:
+        if m.k == ADAPTIVE:
+            runner.run(m, prompts[args.domains[0]][0], 0)
     tallies: dict[tuple[str, str], Tally] = {}
     total = sum(len(v) for v in prompts.values()) * len(methods)
     done, t_start = 0, time.perf_counter()

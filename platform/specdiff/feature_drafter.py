@@ -291,7 +291,7 @@ class FeatureDrafter:
             raise ValueError("prefix must contain at least one token, got an empty prefix")
         if len(prefixes) == 1:
             return self._propose_cached(list(prefixes[0]), gamma, features[0])[None]
-        return torch.stack([self._marginals(list(p), gamma, f, None) for p, f in zip(prefixes, features)])
+        return torch.stack([self._marginals(list(p), gamma, f) for p, f in zip(prefixes, features)])
 
     @torch.no_grad()
     def _propose_cached(self, prefix: list[int], gamma: int, feats: torch.Tensor) -> torch.Tensor:
@@ -315,7 +315,8 @@ class FeatureDrafter:
             return self._window(prefix, gamma, n, self._kv)
 
     @torch.no_grad()
-    def _marginals(self, prefix, gamma, feats, _):
+    def _marginals(self, prefix: list[int], gamma: int, feats: torch.Tensor) -> torch.Tensor:
+        """One window without the cache (batched calls: evaluation)."""
         n = self._check_features(prefix, feats)
         kv = self.model.context(feats[:n][None], torch.arange(n)[None]) if n else None
         return self._window(prefix, gamma, n, kv)
