@@ -166,3 +166,25 @@ def test_missing_or_corrupt_files_are_named(verifier_model, drafter, tmp_path):
 def test_draft_vocabulary_is_the_most_frequent_tokens():
     ids = draft_vocabulary([[5, 5, 5, 2], [2, 9]], vocab_size=12, size=4)
     assert ids.tolist() == [5, 2, 9, 0]  # then unseen ids, lowest first
+
+
+def test_heldout_evaluation_with_a_kv_cache_equals_full_passes():
+    # evaluate_feature_drafter scores drafts on the prefix pass's KV cache; the reference re-reads every prefix.
+    from specdiff.config import SamplingParams
+    from specdiff.distill.evaluate import score_drafts
+    from specdiff.distill.feature import evaluate_feature_drafter, prefix_features
+    from specdiff.hf import HFModel
+
+    model = tiny_llama(64, init_std=0.3)
+    d = build_feature_drafter(model)
+    prefixes = [list(range(1, n)) for n in (5, 9, 20, 33)] + [[7, 3, 2]]
+    sampling = SamplingParams(temperature=1.0)
+    options = dict(num_candidates=3, draft_temperature=1.5, batch_size=2)
+    fast = evaluate_feature_drafter(d, HFModel(model), prefixes, 6, sampling,
+                                    generator=torch.Generator().manual_seed(0), **options)
+    marginals = d.propose_batch(prefixes, 6, prefix_features(HFModel(model), prefixes, d.tap_layers))
+    slow = score_drafts(marginals, prefixes, HFModel(model), 6, sampling, generator=torch.Generator().manual_seed(0),
+                        **options)
+    assert fast.expected_streak > 0.01
+    assert fast.expected_streak == pytest.approx(slow.expected_streak, abs=1e-6)
+    assert fast.alpha == pytest.approx(slow.alpha, abs=1e-6)

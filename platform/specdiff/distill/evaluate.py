@@ -82,9 +82,18 @@ def score_drafts(
     draft_temperature: float = 0.0,
     generator: torch.Generator | None = None,
     batch_size: int = 32,
+    chain_probs=None,
 ) -> EvalResult:
     """Drafter marginals [P, γ, V] of every held-out prefix -> K candidates each, self-selection by the verifier,
-    and α_j / expected streak of the selected ones (any drafter kind)."""
+    and α_j / expected streak of the selected ones (any drafter kind).
+
+    ``chain_probs(start, prefixes, drafts [B*K, γ]) -> p [B*K, γ]``: how the verifier scores a chunk's drafts
+    (default: one causal pass over prefix + draft, ``verifier_chain_probs``)."""
+    if chain_probs is None:
+        def chain_probs(start, chunk, drafts):
+            k = drafts.shape[0] // len(chunk)
+            return verifier_chain_probs(verifier, [list(s) for s in chunk for _ in range(k)], drafts, sampling)
+
     streaks, reached, accepted = [], torch.zeros(gamma, dtype=torch.float64), torch.zeros(gamma, dtype=torch.float64)
     for start in range(0, len(prefixes), batch_size):
         marginals = all_marginals[start : start + batch_size]
@@ -92,8 +101,7 @@ def score_drafts(
         drafts = torch.stack(
             [sample_candidates(m, num_candidates, draft_temperature, generator)[0] for m in marginals]
         )  # [B, K, γ]
-        full = [list(s) for s in prefixes[start : start + batch_size] for _ in range(num_candidates)]
-        p = verifier_chain_probs(verifier, full, drafts.reshape(-1, gamma), sampling).double()
+        p = chain_probs(start, chunk, drafts.reshape(-1, gamma)).double()
         p = p.reshape(len(chunk), num_candidates, gamma)
         best = expected_streak(p).argmax(-1)  # [B]
         chosen = p[torch.arange(len(chunk)), best]  # [B, γ]

@@ -17,6 +17,7 @@ import torch
 from ..config import SamplingParams
 from ..feature_drafter import FeatureDrafter, anchor_logits, sample_anchors
 from ..hf import HFModel
+from ..sampling import target_probs
 from ..objectives import ar_distill_first_position_loss, decayed_ce_loss, naive_window_loss, streak_loss
 from .evaluate import EvalResult, score_drafts
 from .teacher import causal_inputs
@@ -96,14 +97,42 @@ def evaluate_feature_drafter(
     generator: torch.Generator | None = None,
     batch_size: int = 32,
 ) -> EvalResult:
-    """Held-out α_j and expected streak, exactly as ``evaluate_drafter`` scores a standalone drafter."""
-    marginals = []
+    """Held-out α_j and expected streak, exactly as ``evaluate_drafter`` scores a standalone drafter.
+
+    One verifier pass per chunk of prefixes gives the tapped states (the drafter's context) and fills a KV cache;
+    the drafts are then scored by a second pass over the draft tokens only."""
+    from transformers import DynamicCache
+
+    marginals, passes = [], {}
     for start in range(0, len(prefixes), batch_size):
         chunk = [list(p) for p in prefixes[start : start + batch_size]]
-        feats = prefix_features(verifier, chunk, drafter.tap_layers)
-        marginals.append(drafter.propose_batch(chunk, gamma, feats))
+        ids, valid, positions = causal_inputs(chunk)
+        cache = DynamicCache()
+        logits, feats = verifier.logits(ids, attention_mask=valid.long(), position_ids=positions, cache=cache,
+                                        last=1, taps=drafter.tap_layers)
+        pad = ids.shape[1]
+        rows = [feats[i, pad - len(p) : pad - 1].cpu() for i, p in enumerate(chunk)]
+        marginals.append(drafter.propose_batch(chunk, gamma, rows))
+        passes[start] = (cache, logits[:, -1], valid, positions[:, -1])
+
+    def chain_probs(start: int, chunk, drafts: torch.Tensor) -> torch.Tensor:
+        cache, last, valid, pos = passes.pop(start)
+        k = drafts.shape[0] // len(chunk)
+        if k > 1:  # one cache row per candidate
+            for layer in cache.layers:
+                layer.keys = layer.keys.repeat_interleave(k, 0)
+                layer.values = layer.values.repeat_interleave(k, 0)
+            last, valid, pos = (t.repeat_interleave(k, 0) for t in (last, valid, pos))
+        g = drafts.shape[1]
+        mask = torch.cat([valid, torch.ones(len(drafts), g, dtype=torch.bool)], 1).long()
+        out = verifier.logits(drafts, attention_mask=mask, position_ids=pos[:, None] + 1 + torch.arange(g),
+                              cache=cache)  # [B*K, γ, V]: position i predicts draft token i + 1
+        probs = target_probs(torch.cat([last[:, None], out[:, :-1]], 1), sampling)
+        return probs.gather(-1, drafts[..., None].to(probs.device)).squeeze(-1).cpu()
+
     return score_drafts(torch.cat(marginals), prefixes, verifier, gamma, sampling, num_candidates=num_candidates,
-                        draft_temperature=draft_temperature, generator=generator, batch_size=batch_size)
+                        draft_temperature=draft_temperature, generator=generator, batch_size=batch_size,
+                        chain_probs=chain_probs)
 
 
 def draft_vocabulary(token_lists, vocab_size: int, size: int) -> torch.Tensor:
