@@ -273,7 +273,8 @@ def targets(rows: list[dict], gamma: int, domains=("code", "math", "chat")) -> l
         streak = [r for r in mine if r["drafter"] == "streak"]
         if streak:
             best = max(streak, key=lambda r: r["speedup"])
-            where = f"{domain}, streak K={best['k']} Td={best['draft_temperature']:g}"
+            k = "adaptive" if best["k"] == ADAPTIVE else f"K={best['k']}"
+            where = f"{domain}, streak {k} Td={best['draft_temperature']:g}"
             if domain != "chat":
                 out.append({"target": f"{where}: tau (gamma={gamma})", "value": best["tau"], "goal": 3.0})
             out.append({"target": f"{where}: speed-up vs plain", "value": best["speedup"], "goal": speed_goal[domain]})
@@ -310,7 +311,7 @@ def objectives_table(rows: list[dict], records: dict[str, dict]) -> str:
             stats = stats.merge(DecodeStats(**{f: r["stats"][f] for f in ("accepted_per_position",
                                                                          "reached_per_position")}))
         held = (records.get(name, {}).get("training") or {}).get("heldout_alpha_final") or []
-        lines.append(f"| {name} (K={k}) | {tokens / calls if calls else 0:.2f} | "
+        lines.append(f"| {name} ({'adaptive' if k == ADAPTIVE else f'K={k}'}) | {tokens / calls if calls else 0:.2f} | "
                      f"{' '.join(f'{a:.2f}' for a in stats.alpha)} | {' '.join(f'{a:.2f}' for a in held)} |")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 

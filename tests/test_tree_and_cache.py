@@ -114,3 +114,15 @@ def test_target_probs_matches_hf_warpers():
         if p < 1:
             scores = TopPLogitsWarper(p)(None, scores)
         torch.testing.assert_close(target_probs(logits, SamplingParams(temperature=t, top_k=k, top_p=p)), scores.softmax(-1))
+
+
+def test_candidates_start_with_the_argmax_window_when_asked():
+    from specdiff.selection import sample_candidates
+
+    marginals = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]])
+    gen = torch.Generator().manual_seed(0)
+    cands, probs = sample_candidates(marginals, 4, 2.0, gen, include_argmax=True)
+    assert cands.shape == (4, 2) and cands[0].tolist() == [1, 0] and cands.dtype == torch.long
+    assert torch.allclose(probs.sum(-1), torch.ones(2))  # the distribution the other K-1 were drawn from
+    (only,) = sample_candidates(marginals, 1, 2.0, gen, include_argmax=True)[0]
+    assert only.tolist() == [1, 0]  # K=1: the argmax window itself

@@ -307,7 +307,8 @@ class SpeculativeDecoder:
             return _plain_step(session, sampling, gen, stats)
         t1 = time.perf_counter()
         candidates, draft_probs = sample_candidates(
-            marginals, spec.num_candidates, spec.draft_temperature, gen, spec.draft_top_k
+            marginals, spec.num_candidates, spec.draft_temperature, gen, spec.draft_top_k,
+            include_argmax=spec.include_argmax and spec.acceptance == "greedy",
         )
         tree = build_tree(session.tokens[-1], candidates)
         logp = session.score(tree)  # [N+1, V]

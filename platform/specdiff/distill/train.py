@@ -11,7 +11,6 @@ Decisions about when to report depend only on the step, so all ranks call ``ray.
 from __future__ import annotations
 
 import copy
-from functools import partial
 import json
 import math
 import os
@@ -19,6 +18,7 @@ import signal
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
