@@ -45,7 +45,8 @@ EVAL = re.compile(r"\[distill\] eval step (\d+): expected streak ([0-9.]+)")
 TEACHER = re.compile(r"\[teacher\] (\d+) trajectories sampled")
 FAMILY = "smollm2"  # the default pair's family in the registry: specdiff-verifier-smollm2, specdiff-drafter-smollm2
 QUICK_EVAL = ["eval.offsets=[0]", "teacher.max_new_tokens=12"]  # SPECDIFF_BUILD_QUICK's held-out test
-QUICK_SET = ["train.steps=3", "train.batch_size=2", "eval.every=3", "train.checkpoint_every=3", "data.max_prompt_tokens=48", *QUICK_EVAL]
+QUICK_SET = ["train.steps=3", "train.batch_size=2", "eval.every=3", "train.checkpoint_every=3",
+             "data.max_prompt_tokens=48", *QUICK_EVAL]
 
 
 def quick() -> bool:

@@ -163,3 +163,12 @@ def test_feature_drafter_job_learns_from_the_verifiers_states(assets, ray_sessio
     prompt = [1, 5, 9, 13]
     result = decoder.generate(prompt, max_new_tokens=24)
     assert result.tokens == generate_plain(HFVerifier(verifier), prompt, max_new_tokens=24).tokens
+
+    # Reusing those trajectories for a drafter that taps other layers is refused, naming both.
+    from specdiff.distill.job import absolutize, training_trajectories
+    from specdiff.distill.teacher import verifier_record
+
+    other = absolutize(load_config(TINY, overrides(assets, tmp_path) + [
+        "drafter.init=feature", "drafter.target_layer_ids=[0]", f"data.trajectories={tmp_path / 'trajectories'}"]))
+    with pytest.raises(ValueError, match=r"layers \[1\], but drafter.target_layer_ids is \[0\]"):
+        training_trajectories(other, verifier_record(other.verifier.path))

@@ -79,7 +79,8 @@ def decayed_ce_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float = 4
     return -(logp * weights).sum() / weights.sum().clamp_min(1e-9)
 
 
-def ar_distill_first_position_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def ar_distill_first_position_loss(logits: torch.Tensor, labels: torch.Tensor,
+                                   temperature: float = 1.0) -> torch.Tensor:
     """AR-distill from sampled teacher labels: −mean log q_1(label_1), the first window position only. The label
     is a sample of the verifier's p, so this is an unbiased estimate of KL(p ‖ q_1)'s gradient (exact at T=0,
     where p is one-hot)."""

@@ -13,6 +13,7 @@ trajectories (small, collected on the driver), then fit. Training trajectories a
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -127,6 +128,11 @@ def training_trajectories(cfg: DistillConfig, record: VerifierRecord):
         if taps and "features" not in ds.schema().names:
             raise ValueError(f"data.trajectories {cfg.data.trajectories!r} hold no verifier features; a feature "
                              "drafter needs trajectories written by its own teacher (teacher.save_to)")
+        if taps:
+            stored = json.loads(ds.select_columns(["feature_layers"]).take(1)[0]["feature_layers"])
+            if stored != list(taps):
+                raise ValueError(f"data.trajectories {cfg.data.trajectories!r} hold the states of verifier layers "
+                                 f"{stored}, but drafter.target_layer_ids is {list(taps)}")
         return ds
     ds = teacher_dataset(read_records(cfg.data.prompts, cfg.data.read_cpus), record, cfg, taps)
     if cfg.teacher.save_to:
@@ -153,8 +159,6 @@ def is_feature(cfg: DistillConfig) -> bool:
 def resolve_feature_taps(cfg: DistillConfig) -> DistillConfig:
     """Fill ``drafter.target_layer_ids`` for a feature drafter (the pretrained drafter's, else the default for the
     verifier's depth), so that the teacher, the training loop and the output agree on them."""
-    import json
-
     from transformers import AutoConfig
 
     if not is_feature(cfg):
@@ -194,14 +198,12 @@ def feature_vocabulary(cfg: DistillConfig, train_ds) -> list[int] | None:
         else:
             token_lists = [list(r["prompt_ids"]) for r in rows]
     ids = draft_vocabulary(token_lists, vocab, cfg.drafter.draft_vocab_size)
-    print(f"[distill] draft vocabulary: the {len(ids)} most frequent of {vocab} tokens in {len(rows)} trajectories",
+    print(f"[distill] draft vocabulary: the {len(ids)} most frequent of {vocab} tokens in {len(rows)} records",
           flush=True)
     return ids.tolist()
 
 
 def summarize(cfg: DistillConfig, record: VerifierRecord, result) -> DistillSummary:
-    import json
-
     metrics = dict(result.metrics or {})
     step = int(metrics.get("step", 0))
     summary = DistillSummary(step=step, finished=step == cfg.train.steps, output_dir=None, metrics=metrics,

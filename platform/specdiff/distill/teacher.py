@@ -192,6 +192,7 @@ class TeacherSampler:
             from .feature import encode_features
 
             extra["features"] = pa.array([encode_features(f) for f in features], type=pa.binary())
+            extra["feature_layers"] = pa.array([json.dumps(list(self.taps))] * n)  # which layers they are
         return pa.table({**extra,
             "prompt_ids": pa.array(prompts, type=pa.list_(pa.int32())),
             "completion_ids": pa.array(completions.tolist(), type=pa.list_(pa.int32())),
