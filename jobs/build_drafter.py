@@ -110,14 +110,18 @@ def run_stage(label: str, config: Path, overrides: list[str], log: Path, teacher
     # RAY_DEDUP_LOGS=0: Ray folds log lines that differ only in numbers, which would hide the teacher's progress.
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
            "RAY_DEDUP_LOGS": "0"}
-    sampled = 0
+    sampled, teacher_began = 0, 0.0
     began = time.perf_counter()
     seen = set()  # Ray may echo a worker's line twice
+    keep = LogFilter()
     with log.open("a") as out, tqdm(total=None, desc=label, unit="step", dynamic_ncols=True) as bar:
         bar.set_postfix_str("starting Ray, teacher / held-out trajectories")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        out.write(f"# {' '.join(cmd)}\n# progress bars and repeated lines are left out here; Ray's own logs: "
+                  "/tmp/ray/session_latest/logs\n")
         for line in proc.stdout:
-            out.write(line)
+            if (kept := keep(line)) is not None:
+                out.write(kept)
             if m := STEP.search(line):
                 bar.total = int(m.group(2))
                 bar.n = int(m.group(1))
@@ -125,7 +129,8 @@ def run_stage(label: str, config: Path, overrides: list[str], log: Path, teacher
                 bar.refresh()
             elif m := TEACHER.search(line):
                 sampled += int(m.group(1))
-                bar.set_postfix_str(f"teacher: {sampled}/{teacher_total or '?'} trajectories sampled")
+                teacher_began = teacher_began or began  # Ray's start-up counts: it is part of the wait
+                bar.set_postfix_str(teacher_progress(sampled, teacher_total, time.perf_counter() - teacher_began))
             elif (m := EVAL.search(line)) and m.group(0) not in seen:
                 seen.add(m.group(0))
                 bar.write(f"  {label}: held-out expected streak {float(m.group(2)):.3f} at step {m.group(1)}")
@@ -135,6 +140,41 @@ def run_stage(label: str, config: Path, overrides: list[str], log: Path, teacher
         raise RuntimeError(f"{label} failed (exit code {code}); see the log {log}")
     summary["wall_s"] = round(time.perf_counter() - began, 1)
     return summary
+
+
+class LogFilter:
+    """Which lines of a stage's output go to its log: the job's own lines, warnings and errors — not Ray Data's
+    progress bars (hundreds of redraws per dataset), blank or cursor-control lines, or a line already written
+    (Ray repeats some warnings every second)."""
+
+    ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+    PREFIX = re.compile(r"^\((?:[\w.:]+ )?pid=\d+(?:, ip=[\d.]+)?\)\s*")  # "(TeacherSampler pid=123) "
+    PROGRESS = re.compile(r"logging_progress\.py|Queued blocks:|Running Dataset:|\d+%\|")
+
+    def __init__(self):
+        self.seen: set[str] = set()
+
+    def __call__(self, line: str) -> str | None:
+        """The line to write (cursor controls removed), or None to leave it out."""
+        clean = self.ANSI.sub("", line).strip()
+        text = self.PREFIX.sub("", clean)
+        if not text or self.PROGRESS.search(text):
+            return None
+        key = re.sub(r"^\[?\d{4}-\d\d-\d\d[ T][\d:,.]+\s*", "", text)  # the same message at another time
+        if key in self.seen:
+            return None
+        self.seen.add(key)
+        return clean + "\n"
+
+
+def teacher_progress(sampled: int, total: int, elapsed: float) -> str:
+    """The teacher's progress line: trajectories so far, rate, and the time left when the total is known."""
+    rate = sampled / elapsed if elapsed > 0 else 0.0
+    line = f"teacher: {sampled}/{total or '?'} trajectories sampled, {rate * 60:.0f}/min"
+    if total and rate > 0 and sampled < total:
+        left = (total - sampled) / rate
+        line += f", about {left // 60:.0f} min {left % 60:02.0f} s left"
+    return line
 
 
 def distill(label: str, config: str, work: Path, name: str, extra: list[str]) -> dict:

@@ -72,3 +72,34 @@ def test_distill_job_writes_the_summary_file(tmp_path, monkeypatch, capsys):
     assert not list(path.parent.glob("*.partial"))
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last.removeprefix("[distill] ")) == RECORD  # the printed line stays for people
+
+
+def test_the_stage_log_keeps_the_jobs_lines_and_drops_progress_bars_and_repeats():
+    keep = build_drafter.LogFilter()
+    lines = [
+        "\x1b[36m(RayTrainWorker pid=19669)\x1b[0m [distill] step 10/600 loss 8.2953 lr 1.10e-03 3.233s/step\n",
+        "\x1b[36m(RayTrainWorker pid=19669)\x1b[0m [distill] step 10/600 loss 8.2953 lr 1.10e-03 3.233s/step\n",  # echo
+        "2026-12-03 07:29:45,467\tINFO logging_progress.py:225 -- Total Progress: 0/?\n",
+        "\x1b[2m\x1b[36m(pid=20019) \x1b[0m- ListFiles: Tasks: 0; Actors: 0; Queued blocks: 0 (0.0B); Resources: 0.0 "
+        "CPU, 669.0B object store: 100%|██████████| 1.00/1.00 [00:00<00:00]\n",
+        "\x1b[A\x1b[A\n",
+        "\n",
+        "(PlacementGroupCleaner pid=19642) Failed to query Ray Train Controller actor state. Continuing to monitor.\n",
+        "(PlacementGroupCleaner pid=19642) Failed to query Ray Train Controller actor state. Continuing to monitor.\n",
+        "(RayTrainWorker pid=19669) [distill] step 20/600 loss 6.4747 lr 2.00e-03 1.196s/step\n",
+        "Traceback (most recent call last):\n",
+    ]
+    kept = [k for line in lines if (k := keep(line)) is not None]
+    assert kept == [
+        "(RayTrainWorker pid=19669) [distill] step 10/600 loss 8.2953 lr 1.10e-03 3.233s/step\n",
+        "(PlacementGroupCleaner pid=19642) Failed to query Ray Train Controller actor state. Continuing to monitor.\n",
+        "(RayTrainWorker pid=19669) [distill] step 20/600 loss 6.4747 lr 2.00e-03 1.196s/step\n",
+        "Traceback (most recent call last):\n",
+    ]
+
+
+def test_teacher_progress_shows_rate_and_time_left():
+    assert build_drafter.teacher_progress(64, 560, 60.0) == (
+        "teacher: 64/560 trajectories sampled, 64/min, about 7 min 45 s left")
+    assert build_drafter.teacher_progress(560, 560, 300.0) == "teacher: 560/560 trajectories sampled, 112/min"
+    assert build_drafter.teacher_progress(32, 0, 10.0) == "teacher: 32/? trajectories sampled, 192/min"

@@ -188,3 +188,98 @@ def test_heldout_evaluation_with_a_kv_cache_equals_full_passes():
     assert fast.expected_streak > 0.01
     assert fast.expected_streak == pytest.approx(slow.expected_streak, abs=1e-6)
     assert fast.alpha == pytest.approx(slow.alpha, abs=1e-6)
+
+
+def test_greedy_labels_follow_the_text_while_it_is_greedy():
+    from specdiff.feature_drafter import greedy_labels
+
+    tokens = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    greedy = torch.zeros_like(tokens)
+    greedy[0, :-1] = tokens[0, 1:]
+    greedy[0, 2] = 99  # after token 7 the verifier would say 99, not 8
+    labels = greedy_labels(tokens, greedy, torch.tensor([[0, 3, 5]]), 4)
+    assert labels[0, 0].tolist() == [6, 7, 99, -1]  # the text left greedy decoding at 8: the rest is unknown
+    assert labels[0, 1].tolist() == [9, 10, 11, 12]
+    assert labels[0, 2].tolist() == [11, 12, -1, -1]  # past the end
+
+
+def test_prompt_anchors_are_labelled_by_the_teachers_prefill_argmax():
+    # The teacher's prefill records the verifier's argmax over the prompt; windows anchored in the prompt are
+    # labelled with greedy decoding's continuation from there, and completion windows keep the teacher's tokens.
+    from specdiff.config import SamplingParams
+    from specdiff.distill.feature import greedy_targets
+    from specdiff.distill.teacher import sample_completions
+    from specdiff.feature_drafter import sample_anchors
+    from specdiff.hf import HFModel
+
+    model = tiny_llama(64, init_std=0.3)
+    prompts = [list(range(3, 20)), [7, 3, 2, 9, 9, 4]]
+    targets, features = [], []
+    completions, _, _ = sample_completions(HFModel(model), prompts, 10, SamplingParams(temperature=0.0), 0, None,
+                                           taps=(0,), features_out=features, prompt_targets_out=targets)
+    for p, t, c in zip(prompts, targets, completions):
+        with torch.no_grad():
+            ref = model(torch.tensor([p])).logits[0].argmax(-1)
+        assert t.tolist() == ref.tolist()
+        assert int(t[-1]) == int(c[0])  # greedy: the last prompt target is the first completion token
+    records = {"prompt_ids": prompts, "completion_ids": completions.tolist(),
+               "prompt_targets": [t.tolist() for t in targets]}
+    seqs = [p + c.tolist() for p, c in zip(prompts, completions)]
+    tokens = torch.zeros(2, max(map(len, seqs)), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        tokens[i, : len(s)] = torch.tensor(s)
+    greedy = greedy_targets(records, tokens)
+    batch = sample_anchors([len(s) for s in seqs], [len(p) for p in prompts], tokens, 3, 4,
+                           torch.Generator().manual_seed(0), greedy=greedy, prompt_anchors=3)
+    assert batch.valid.sum(1).tolist() == [7, 7]
+    for i, p in enumerate(prompts):
+        for a, labels in zip(batch.anchors[i, 4:].tolist(), batch.labels[i, 4:].tolist()):
+            assert a <= len(p) - 2 and labels[0] == int(targets[i][a])
+        for a, labels in zip(batch.anchors[i, :4].tolist(), batch.labels[i, :4].tolist()):
+            assert labels == seqs[i][a + 1 : a + 4]
+    with pytest.raises(ValueError, match="prompt_targets"):
+        greedy_targets({"prompt_ids": prompts}, tokens)
+
+
+def test_teacher_forced_heldout_evaluation_equals_scoring_by_the_verifier():
+    # At T=0 with greedy drafts (K=1), reading acceptance off greedy held-out trajectories gives exactly what the
+    # verifier-scored evaluation gives on the same windows.
+    from specdiff.config import SamplingParams
+    from specdiff.distill.config import ObjectiveSection
+    from specdiff.distill.feature import encode_features, evaluate_feature_drafter, feature_loss, teacher_forced_eval
+    from specdiff.distill.teacher import sample_completions
+    from specdiff.distill.windows import heldout_prefixes
+    from specdiff.hf import HFModel
+
+    model = tiny_llama(64, init_std=0.3)
+    prompts = [list(range(1, n)) for n in (5, 9, 20)] + [[7, 3, 2]]
+    features = []
+    completions, _, _ = sample_completions(HFModel(model), prompts, 12, SamplingParams(temperature=0.0), 0, None,
+                                           taps=(0, 1), features_out=features)
+    records = [{"prompt_ids": p, "completion_ids": c} for p, c in zip(prompts, completions.tolist())]
+    d = build_feature_drafter(model, target_layer_ids=[0, 1], seed=3)
+    d.model.float()
+    columns = {"prompt_ids": prompts, "completion_ids": completions.tolist(),
+               "features": [encode_features(f) for f in features]}
+    opt = torch.optim.Adam(d.model.parameters(), lr=3e-3)
+    objective = ObjectiveSection(kind="decayed_ce", gamma=6, anchors_per_sample=4)
+    figures = []
+    for step in range(31):
+        if step % 15 == 0:  # untrained, partly and well trained: streaks of every length
+            d.model.eval()
+            fast = teacher_forced_eval(d, HFModel(model), records, [0, 3, 4], 6)
+            slow = evaluate_feature_drafter(d, HFModel(model), heldout_prefixes(records, [0, 3, 4]), 6,
+                                            SamplingParams(temperature=0.0))
+            assert fast.windows == slow.windows == 12
+            assert fast.expected_streak == pytest.approx(slow.expected_streak, abs=1e-6)
+            assert fast.alpha == pytest.approx(slow.alpha, abs=1e-6)
+            figures.append(fast.expected_streak)
+            d.model.train()
+        loss = feature_loss(d, d.model, objective, columns, torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert figures[-1] > 1.0 and figures[-1] > figures[0]
+    assert teacher_forced_eval(d, HFModel(model), records, [8], 6) is None  # 8 + 6 > 12 tokens
+    records[0] = {**records[0], "completion_ids": [(t + 1) % 64 for t in records[0]["completion_ids"]]}
+    assert teacher_forced_eval(d, HFModel(model), records, [0], 6) is None  # not greedy under this verifier

@@ -515,23 +515,53 @@ class AnchorBatch:
 
 
 def sample_anchors(lengths: Sequence[int], starts: Sequence[int], tokens: torch.Tensor, gamma: int,
-                   num_anchors: int, generator: torch.Generator | None) -> AnchorBatch:
-    """Anchors drawn without replacement from [start - 1, length - 1 - gamma] of each row (labels must be teacher
-    tokens: start is the first completion position). tokens: [B, L] (right-padded)."""
+                   num_anchors: int, generator: torch.Generator | None, *, greedy: torch.Tensor | None = None,
+                   prompt_anchors: int = 0) -> AnchorBatch:
+    """Anchors drawn without replacement from [start - 1, length - 1 - gamma] of each row (the completion: its
+    labels are the teacher's tokens; start is the first completion position). tokens: [B, L] (right-padded).
+
+    ``greedy`` [B, L] (row t: the verifier's argmax after token t) adds ``prompt_anchors`` more anchors per row,
+    drawn from [0, start - 2] (inside the prompt), labelled with the verifier's greedy continuation as far as it
+    is known: the prompt's own tokens while they equal the verifier's argmax, then the argmax at the first
+    position where they differ, then -1 (unknown: no loss). With a greedy teacher the completion's labels are the
+    same rule's, so both kinds of anchor teach one thing: what greedy decoding emits next."""
     b = len(lengths)
-    anchors = torch.zeros(b, num_anchors, dtype=torch.long)
-    valid = torch.zeros(b, num_anchors, dtype=torch.bool)
+    width = num_anchors + (prompt_anchors if greedy is not None else 0)
+    anchors = torch.zeros(b, width, dtype=torch.long)
+    valid = torch.zeros(b, width, dtype=torch.bool)
     for i, (length, start) in enumerate(zip(lengths, starts)):
         lo, hi = max(0, start - 1), length - 1 - gamma
-        if hi < lo:
-            continue
-        choice = lo + torch.randperm(hi - lo + 1, generator=generator)[:num_anchors]
-        anchors[i, : len(choice)] = choice.sort().values
-        valid[i, : len(choice)] = True
+        if hi >= lo:
+            choice = lo + torch.randperm(hi - lo + 1, generator=generator)[:num_anchors]
+            anchors[i, : len(choice)] = choice.sort().values
+            valid[i, : len(choice)] = True
+        if width > num_anchors and start >= 2:
+            choice = torch.randperm(start - 1, generator=generator)[:prompt_anchors]
+            anchors[i, num_anchors : num_anchors + len(choice)] = choice.sort().values
+            valid[i, num_anchors : num_anchors + len(choice)] = True
     offsets = torch.arange(1, gamma + 1)
-    idx = (anchors[..., None] + offsets).clamp_max(tokens.shape[1] - 1)  # [B, A, gamma]
-    labels = tokens.gather(1, idx.view(b, -1)).view(b, num_anchors, gamma)
+    last = tokens.shape[1] - 1
+    idx = (anchors[..., None] + offsets).clamp_max(last)  # [B, A, gamma]: the positions the block predicts
+    if greedy is None:
+        labels = tokens.gather(1, idx.view(b, -1)).view(b, width, gamma)
+        return AnchorBatch(anchors=anchors, labels=labels, valid=valid)
+    labels = greedy_labels(tokens, greedy, anchors, gamma)
     return AnchorBatch(anchors=anchors, labels=labels, valid=valid)
+
+
+def greedy_labels(tokens: torch.Tensor, greedy: torch.Tensor, anchors: torch.Tensor, gamma: int) -> torch.Tensor:
+    """Labels [B, A, gamma] of blocks anchored at ``anchors`` [B, A]: greedy decoding's next gamma tokens after
+    each anchor, as far as ``tokens`` [B, L] follow ``greedy`` [B, L] (row t: argmax after token t); -1 after the
+    first token that differs from the argmax (that one is labelled with the argmax)."""
+    b, a = anchors.shape
+    last = tokens.shape[1] - 1
+    pred = (anchors[..., None] + torch.arange(gamma)).clamp_max(last)  # [B, A, gamma]: position t predicts t + 1
+    labels = greedy.gather(1, pred.view(b, -1)).view(b, a, gamma)
+    nxt = (pred + 1).clamp_max(last)
+    follows = tokens.gather(1, nxt.view(b, -1)).view(b, a, gamma) == labels  # the text went on greedily
+    known = torch.cat([torch.ones(b, a, 1, dtype=torch.bool), follows[..., :-1].cumprod(-1).bool()], -1)
+    known &= (anchors[..., None] + torch.arange(1, gamma + 1)) <= last
+    return torch.where(known, labels, torch.full_like(labels, -1))
 
 
 def anchor_logits(drafter: FeatureDrafter, model: nn.Module, tokens: torch.Tensor, features: torch.Tensor,

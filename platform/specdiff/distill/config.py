@@ -116,6 +116,10 @@ class ObjectiveSection(Section):
     decay: float = Field(4.0, gt=0, description="decayed_ce: the position decay (DFlash: 4 for gamma 8).")
     anchors_per_sample: int = Field(32, ge=1, description="feature: blocks cut from each trajectory per step, "
                                     "all scored in one forward.")
+    prompt_anchors_per_sample: int = Field(0, ge=0, description="feature + greedy teacher: more blocks per "
+                                           "trajectory, anchored inside the prompt and labelled with the verifier's "
+                                           "argmax there (the teacher's prefill records it: no extra verifier "
+                                           "pass). 0: completion anchors only.")
     warmup_ce_steps: int = Field(0, ge=0, description="feature + streak: the first N steps use decayed_ce (the "
                                  "streak's gradient vanishes while q is tiny), then Eq. 6.")
     gamma: int = Field(8, ge=1, description="Window length γ.")
@@ -226,6 +230,11 @@ class DistillConfig(Section):
             if self.train.lora.enabled:
                 raise ValueError("train.lora.enabled is not supported for drafter.init='feature' (it trains all of "
                                  "its few weights)")
+            if o.prompt_anchors_per_sample and t.temperature > 0:
+                raise ValueError(f"objective.prompt_anchors_per_sample needs a greedy teacher (teacher.temperature "
+                                 f"0: its labels are the verifier's argmax), got temperature {t.temperature}")
+        elif o.prompt_anchors_per_sample:
+            raise ValueError("objective.prompt_anchors_per_sample needs drafter.init='feature'")
         elif o.kind == "decayed_ce":
             raise ValueError("objective.kind='decayed_ce' needs drafter.init='feature'")
         if self.drafter.init == "pretrained" and not self.drafter.path:

@@ -2,8 +2,9 @@
 
 A teacher record carries, besides the prompt and completion ids, the verifier's tapped hidden states of every
 token but the last (``features``: float16 bytes, [P + N - 1, taps * H]), taken from the same forward passes that
-sampled the completion. One training step cuts ``anchors_per_sample`` blocks from every trajectory and scores
-them all in ONE forward (``feature_drafter.anchor_logits``): each block sees the context strictly before its
+sampled the completion. One training step cuts ``anchors_per_sample`` blocks from every trajectory's completion (and
+``prompt_anchors_per_sample`` from its prompt, labelled with the verifier's greedy argmax recorded by the teacher's
+prefill: free data, since no extra verifier pass is needed) and scores them all in ONE forward (``feature_drafter.anchor_logits``): each block sees the context strictly before its
 anchor and itself, so a trajectory yields dozens of windows per step at the cost of one context projection.
 """
 
@@ -50,6 +51,20 @@ def collate(records: dict[str, list], width: int):
     return tokens, feats, [len(s) for s in seqs], [len(p) for p in records["prompt_ids"]]
 
 
+def greedy_targets(records: dict[str, list], tokens: torch.Tensor) -> torch.Tensor:
+    """[B, L] long, row t: the verifier's argmax after token t — the teacher's ``prompt_targets`` over the prompt,
+    the (greedy) teacher's own next token over the completion; 0 past the end."""
+    if "prompt_targets" not in records:
+        raise ValueError("objective.prompt_anchors_per_sample needs trajectories with a 'prompt_targets' column (the "
+                         "verifier's argmax over each prompt); these were written by an older teacher: sample them "
+                         "again (delete the saved trajectories)")
+    greedy = torch.zeros_like(tokens)
+    greedy[:, :-1] = tokens[:, 1:]
+    for i, targets in enumerate(records["prompt_targets"]):
+        greedy[i, : len(targets)] = torch.as_tensor(list(targets), dtype=torch.long)
+    return greedy
+
+
 def feature_loss(drafter: FeatureDrafter, runner: torch.nn.Module, objective, records: dict[str, list],
                  generator: torch.Generator) -> torch.Tensor:
     """The configured objective over ``objective.anchors_per_sample`` blocks of every trajectory in ``records``.
@@ -57,7 +72,10 @@ def feature_loss(drafter: FeatureDrafter, runner: torch.nn.Module, objective, re
     ``runner``: the module the forward goes through (the drafter's model or its DDP wrapper)."""
     tokens, feats, lengths, starts = collate(records, drafter.config.feature_size)
     gamma = objective.gamma
-    batch = sample_anchors(lengths, starts, tokens, gamma, objective.anchors_per_sample, generator)
+    extra = objective.prompt_anchors_per_sample
+    greedy = greedy_targets(records, tokens) if extra else None
+    batch = sample_anchors(lengths, starts, tokens, gamma, objective.anchors_per_sample, generator, greedy=greedy,
+                           prompt_anchors=extra)
     if not bool(batch.valid.any()):
         raise ValueError(f"no trajectory is long enough for a window of gamma={gamma}")
     logits = anchor_logits(drafter, runner, tokens, feats, batch, gamma)[batch.valid]  # [W, γ, V_draft]
@@ -133,6 +151,57 @@ def evaluate_feature_drafter(
     return score_drafts(torch.cat(marginals), prefixes, verifier, gamma, sampling, num_candidates=num_candidates,
                         draft_temperature=draft_temperature, generator=generator, batch_size=batch_size,
                         chain_probs=chain_probs)
+
+
+@torch.no_grad()
+def teacher_forced_eval(drafter: FeatureDrafter, verifier: HFModel, records: Sequence[dict], offsets: Sequence[int],
+                        gamma: int, batch_size: int = 16) -> EvalResult | None:
+    """Held-out α_j and expected streak of greedy drafts (K=1, draft temperature 0) at verifier temperature 0, read
+    off greedy held-out trajectories: the windows are those of ``heldout_prefixes(records, offsets)``, and a draft
+    token is accepted iff it equals the trajectory's next token, which is the verifier's argmax there. Equal to
+    ``evaluate_feature_drafter`` at those settings (tested) at a fraction of the cost: one verifier pass per
+    trajectory (its states and a check that it is greedy), then every window in one drafter forward.
+
+    None when the shortcut does not apply: a window runs past a trajectory's end, or a trajectory is not greedy
+    under this verifier (another dtype may break a near-tie): the caller evaluates the usual way."""
+    from ..feature_drafter import AnchorBatch
+
+    if any(o + gamma > len(r["completion_ids"]) for r in records for o in offsets):
+        return None
+    reached, accepted, streaks = torch.zeros(gamma, dtype=torch.float64), torch.zeros(gamma, dtype=torch.float64), []
+    for start in range(0, len(records), batch_size):
+        chunk = records[start : start + batch_size]
+        seqs = [list(r["prompt_ids"]) + list(r["completion_ids"]) for r in chunk]
+        ids, valid, positions = causal_inputs(seqs)
+        logits, feats = verifier.logits(ids, attention_mask=valid.long(), position_ids=positions,
+                                        taps=drafter.tap_layers)
+        pad = ids.shape[1]
+        length = max(len(s) for s in seqs)
+        tokens = torch.zeros(len(seqs), length, dtype=torch.long)
+        features = torch.zeros(len(seqs), length, feats.shape[-1])
+        anchors = torch.zeros(len(seqs), len(offsets), dtype=torch.long)
+        for i, (r, seq) in enumerate(zip(chunk, seqs)):
+            n_prompt = len(r["prompt_ids"])
+            argmax = logits[i, pad - len(seq) : pad - 1].argmax(-1).cpu()  # row t predicts token t + 1
+            if not torch.equal(argmax[n_prompt - 1 :], torch.as_tensor(seq[n_prompt:])):
+                return None
+            tokens[i, : len(seq)] = torch.as_tensor(seq)
+            features[i, : len(seq) - 1] = feats[i, pad - len(seq) : pad - 1].float().cpu()
+            anchors[i] = torch.as_tensor([n_prompt - 1 + o for o in offsets])
+        idx = anchors[..., None] + torch.arange(1, gamma + 1)
+        labels = tokens.gather(1, idx.view(len(seqs), -1)).view(len(seqs), len(offsets), gamma)
+        batch = AnchorBatch(anchors=anchors, labels=labels, valid=torch.ones_like(anchors, dtype=torch.bool))
+        out = anchor_logits(drafter, drafter.model, tokens, features, batch, gamma)  # [B, A, γ, V_draft]
+        drafts = out.argmax(-1)
+        if drafter.config.draft_vocab_size is not None:
+            drafts = drafter.model.draft_ids[drafts]
+        survive = (drafts == labels).view(-1, gamma).double().cumprod(-1)
+        streaks.append(survive.sum(-1))
+        accepted += survive.sum(0)
+        reached += torch.cat([torch.ones(len(survive), 1, dtype=torch.float64), survive[:, :-1]], 1).sum(0)
+    alpha = (accepted / reached.clamp_min(1e-300)).tolist()
+    return EvalResult(expected_streak=float(torch.cat(streaks).mean()), alpha=alpha,
+                      windows=len(records) * len(offsets))
 
 
 def draft_vocabulary(token_lists, vocab_size: int, size: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,7 +86,8 @@ def run(cfg: DistillConfig) -> DistillSummary:
     dtype, why = resolve_dtype_with_reason(cfg.verifier.dtype)  # each teacher actor and worker resolves it again
     print(f"[distill] verifier dtype {dtype_name(dtype)} ({why})", flush=True)
     init_ray(cfg)
-    ray.data.DataContext.get_current().enable_progress_bars = True
+    # Ray Data's progress bars on a terminal; in a log (a pipe, `ray job submit`) they print a screenful per second.
+    ray.data.DataContext.get_current().enable_progress_bars = sys.stdout.isatty()
 
     cfg = resolve_feature_taps(cfg)
     heldout_ds = read_records(cfg.data.heldout, cfg.data.read_cpus)
@@ -102,7 +104,9 @@ def run(cfg: DistillConfig) -> DistillSummary:
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"config": cfg.model_dump(mode="json"), "verifier_record": record.to_dict(),
-                           "heldout_prefixes": prefixes, "draft_vocabulary": vocabulary},
+                           "heldout_prefixes": prefixes, "draft_vocabulary": vocabulary,
+                           "heldout_records": [{"prompt_ids": list(r["prompt_ids"]),
+                                                "completion_ids": list(r["completion_ids"])} for r in heldout]},
         scaling_config=ray.train.ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
                                                resources_per_worker={"CPU": t.cpus_per_worker}),
         run_config=ray.train.RunConfig(
@@ -133,7 +137,7 @@ def training_trajectories(cfg: DistillConfig, record: VerifierRecord):
             if stored != list(taps):
                 raise ValueError(f"data.trajectories {cfg.data.trajectories!r} hold the states of verifier layers "
                                  f"{stored}, but drafter.target_layer_ids is {list(taps)}")
-        return ds
+        return cached(ds, cfg.data.trajectories)
     ds = teacher_dataset(read_records(cfg.data.prompts, cfg.data.read_cpus), record, cfg, taps)
     if cfg.teacher.save_to:
         save_to = cfg.teacher.save_to
@@ -146,8 +150,25 @@ def training_trajectories(cfg: DistillConfig, record: VerifierRecord):
             shutil.rmtree(save_to, ignore_errors=True)
             os.replace(partial, save_to)
         print(f"[distill] teacher trajectories written to {save_to}", flush=True)
-        return read_records(save_to, cfg.data.read_cpus)
+        return cached(read_records(save_to, cfg.data.read_cpus), save_to)
     return ds
+
+
+CACHE_LIMIT = 1 << 30  # trajectories up to 1 GiB on disk are held in the object store for the whole run
+
+
+def cached(ds, path: str):
+    """``ds`` materialised once when its files at ``path`` are small: otherwise every epoch reads and decodes the
+    parquet again, on the same CPUs as the training step (on 2 cores, a step at an epoch boundary took 2-7 s
+    instead of 1.2 s)."""
+    if "://" in path:
+        return ds
+    p = Path(path)
+    size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+    if size > CACHE_LIMIT:
+        return ds
+    print(f"[distill] trajectories held in the object store for the run ({size / 2**20:.0f} MiB)", flush=True)
+    return ds.materialize()
 
 
 def is_feature(cfg: DistillConfig) -> bool:

@@ -85,6 +85,7 @@ def sample_completions(
     generator: torch.Generator | None,
     taps: tuple[int, ...] | None = None,
     features_out: list | None = None,
+    prompt_targets_out: list | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample ``max_new_tokens`` tokens after every prompt from p (``target_probs`` at ``sampling``).
 
@@ -94,16 +95,26 @@ def sample_completions(
     ``taps``: also collect the outputs of those verifier layers for every prompt token and every completion token
     but the last (the ones the passes read) from the same forward passes, appended to ``features_out`` as one
     tensor [P_b + N - 1, taps * H] per prompt (a feature drafter's training context).
+
+    ``prompt_targets_out``: also append, per prompt, the verifier's argmax after each of its tokens ([P_b] long,
+    from the same prefill pass): greedy labels for windows anchored inside the prompt (see
+    ``distill.feature.greedy_targets``).
     """
     from transformers import DynamicCache
 
     ids, valid, positions = causal_inputs(prompts)
     cache = DynamicCache()
-    out = hf.logits(ids, attention_mask=valid.long(), position_ids=positions, cache=cache, last=1, taps=taps)
+    want_targets = prompt_targets_out is not None
+    out = hf.logits(ids, attention_mask=valid.long(), position_ids=positions, cache=cache,
+                    last=None if want_targets else 1, taps=taps)
     feats = []
     if taps:
         out, prefill = out
         feats.append(prefill.cpu())
+    if want_targets:
+        argmax = out.argmax(-1).cpu()  # [B, L_pad]; prompts are left-padded
+        for i, p in enumerate(prompts):
+            prompt_targets_out.append(argmax[i, ids.shape[1] - len(p) :])
     logits = out[:, -1]
     mask, pos = valid.long(), positions[:, -1:]
     tokens, top_ids, top_lp = [], [], []
@@ -179,9 +190,10 @@ class TeacherSampler:
 
         prompts = self._prompt_ids(table)
         features: list[torch.Tensor] = []
+        targets: list[torch.Tensor] | None = [] if self.taps else None
         completions, top_ids, top_lp = sample_completions(
             self.hf, prompts, self.max_new_tokens, self.sampling, self.logprobs_k, self.generator,
-            taps=self.taps, features_out=features,
+            taps=self.taps, features_out=features, prompt_targets_out=targets,
         )
         n = len(prompts)
         self.sampled += n
@@ -193,6 +205,7 @@ class TeacherSampler:
 
             extra["features"] = pa.array([encode_features(f) for f in features], type=pa.binary())
             extra["feature_layers"] = pa.array([json.dumps(list(self.taps))] * n)  # which layers they are
+            extra["prompt_targets"] = pa.array([t.tolist() for t in targets], type=pa.list_(pa.int32()))
         return pa.table({**extra,
             "prompt_ids": pa.array(prompts, type=pa.list_(pa.int32())),
             "completion_ids": pa.array(completions.tolist(), type=pa.list_(pa.int32())),

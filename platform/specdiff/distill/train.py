@@ -45,7 +45,7 @@ from ..hf import HFModel
 from ..objectives import ar_distill_loss, mask_window, masked_diffusion_loss, naive_window_loss, streak_loss
 from .config import DistillConfig
 from .evaluate import EvalResult, alpha_plot, evaluate_drafter
-from .feature import evaluate_feature_drafter, feature_loss
+from .feature import evaluate_feature_drafter, feature_loss, teacher_forced_eval
 from .teacher import load_verifier_model
 from .tracking import NullTracker, make_tracker
 from .windows import WindowBatch, cut_windows
@@ -268,8 +268,18 @@ def train_loop(loop_config: dict) -> None:
         drafter.model.eval()
         if feature:
             drafter.reset()
-            result = evaluate_feature_drafter(drafter, verifier, heldout, o.gamma, cfg.eval_sampling(), **options)
+            result = None
+            greedy = (cfg.eval_sampling().temperature == 0 and cfg.eval.num_candidates == 1
+                      and cfg.eval.draft_temperature == 0)
+            if greedy and loop_config.get("heldout_records"):  # read off the greedy held-out trajectories
+                result = teacher_forced_eval(drafter, verifier, loop_config["heldout_records"], cfg.eval.offsets,
+                                             o.gamma)
+            how = "read off the greedy held-out trajectories" if result is not None else "scored by the verifier"
+            if result is None:
+                result = evaluate_feature_drafter(drafter, verifier, heldout, o.gamma, cfg.eval_sampling(),
+                                                  **options)
         else:
+            how = "scored by the verifier"
             result = evaluate_drafter(eval_model, drafter.config, verifier, heldout, o.gamma, cfg.eval_sampling(),
                                       **options)
         drafter.model.train(was_training)
@@ -280,7 +290,7 @@ def train_loop(loop_config: dict) -> None:
             history = [(s, EvalResult(e, a, len(heldout))) for s, e, a in state["evals"]]
             tracker.log_artifact(alpha_plot(history, os.path.join(tmp, "alpha_per_position.png")), "plots")
         print(f"[distill] eval step {step}: expected streak {result.expected_streak:.3f} "
-              f"alpha {[round(a, 3) for a in result.alpha]} ({time.perf_counter() - began:.1f}s)", flush=True)
+              f"alpha {[round(a, 3) for a in result.alpha]} ({time.perf_counter() - began:.1f}s, {how})", flush=True)
         return {**metrics, "eval/initial_expected_streak": state["evals"][0][1]}
 
     if start == 0:
