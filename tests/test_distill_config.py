@@ -35,6 +35,9 @@ def test_example_config_parses_with_overrides():
         (["drafter.init=small", "train.lora.enabled=true"], "train.lora.enabled needs drafter.init"),
         (["tracking.backend=mlflow"], "tracking.tracking_uri must be set"),
         (["train.steps"], "override must look like section.key=value, got 'train.steps'"),
+        (["drafter.init=feature", "train.lora.enabled=false", "objective.prompt_anchors_per_sample=8"],
+         "objective.prompt_anchors_per_sample needs a greedy teacher (teacher.temperature 0"),
+        (["objective.prompt_anchors_per_sample=8"], "objective.prompt_anchors_per_sample needs drafter.init='feature'"),
     ],
 )
 def test_bad_config_names_the_key_and_value(overrides, message):
