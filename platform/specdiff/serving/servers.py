@@ -149,6 +149,10 @@ class DrafterServer:
         with self._lock:
             return {sid: d.n for sid, d in self._drafts.items()}
 
+    def cache_stats(self) -> dict:
+        with self._lock:
+            return {**self.counts, "sessions": len(self._drafts), "bytes": sum(d.nbytes for d in self._drafts.values())}
+
     def info(self) -> dict:
         return {"vocab_size": self.vocab_size, "pair": self.pair, "tap_layers": self.tap_layers}
 
