@@ -79,7 +79,7 @@ def start_local(port: int, args):
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # private instance
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"num_cpus": 0.5}
-    app = build_app({"drafter": small, "verifier": small, "router": small})
+    app = build_app({"models": {"demo": True}, "drafter": small, "verifier": small, "router": small})
     done = threading.Event()
 
     def deploy():  # serve.run blocks forever if a deployment cannot be placed: wait with a deadline

@@ -20,6 +20,7 @@ HTTP_PORT = 8011
 METRICS_PORT = 8276  # Prometheus endpoint of the test cluster's node
 BASE = f"http://127.0.0.1:{HTTP_PORT}"
 MODEL = "specdiff-demo"
+DEMO = {"demo": True}  # the builder's `models` for the tiny random-init pair (the default is the embedded pair)
 
 
 class _Response:
@@ -86,7 +87,7 @@ class LocalReference:
     """The engine run locally on the same demo models the deployments build."""
 
     def __init__(self, source: ModelSource | None = None):
-        self.source = source or ModelSource()
+        self.source = source or ModelSource(demo=True)
         self.tokenizer = byte_tokenizer()
         self.verifier = load_verifier(self.source)
         self.drafter = load_drafter(self.source)
@@ -186,3 +187,54 @@ def slow_drafter(source: ModelSource):
 
 def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a, b)
+
+
+# -- a feature drafter that drafts well for the demo verifier ------------------------------------------------------
+
+FEATURE_PROMPTS = ["Hello", "The quick brown fox", "def f(x):", "Once upon a time, far away", "1 2 3 4"]
+
+
+def fitted_feature_drafter(verifier_model, prompts=FEATURE_PROMPTS, *, gamma: int = 4, steps: int = 80,
+                           taps=(0, 1), seed: int = 0):
+    """A tiny feature drafter (built from the demo verifier's config, random init) fitted in a few seconds to the
+    verifier's greedy continuations of ``prompts``, so that served rounds accept whole windows (tau ~ gamma + 1) and
+    the committed-row plumbing is really exercised (a random drafter is rejected at position 1 every round)."""
+    import torch.nn.functional as F
+
+    from specdiff.feature_drafter import AnchorBatch, anchor_logits, build_feature_drafter
+    from specdiff.verifier import HFVerifier
+
+    tok = byte_tokenizer()
+    drafter = build_feature_drafter(verifier_model, num_layers=1, target_layer_ids=list(taps), seed=seed,
+                                    init_from_verifier=False)
+    verifier = HFVerifier(verifier_model, tap_layers=drafter.tap_layers)
+    seqs = []
+    for p in prompts:
+        ids = tok.encode(p, add_special_tokens=False)
+        seqs.append((len(ids), ids + generate_plain(verifier, ids, max_new_tokens=48).tokens))
+    b, length = len(seqs), max(len(s) for _, s in seqs)
+    tokens = torch.zeros(b, length, dtype=torch.long)
+    features = torch.zeros(b, length, drafter.config.feature_size)
+    width = max(len(s) - n - gamma + 1 for n, s in seqs)
+    anchors, valid = torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width, dtype=torch.bool)
+    for i, (n, s) in enumerate(seqs):
+        tokens[i, : len(s)] = torch.tensor(s)
+        features[i, : len(s)] = verifier.start(s + [0]).features  # rows of every token of s
+        a = torch.arange(n - 1, len(s) - gamma)
+        anchors[i, : len(a)], valid[i, : len(a)] = a, True
+    idx = (anchors[..., None] + torch.arange(1, gamma + 1)).clamp_max(length - 1)
+    labels = tokens.gather(1, idx.view(b, -1)).view(b, width, gamma)
+    batch = AnchorBatch(anchors=anchors, labels=labels, valid=valid)
+    params = [p for p in drafter.model.parameters() if p.requires_grad]
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        opt = torch.optim.Adam(params, lr=3e-3)
+        drafter.model.train()
+        for _ in range(steps):
+            logits = anchor_logits(drafter, drafter.model, tokens, features, batch, gamma)
+            loss = F.cross_entropy(logits[valid].reshape(-1, logits.shape[-1]), labels[valid].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    drafter.model.eval()
+    return drafter

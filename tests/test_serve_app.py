@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from serve_helpers import BASE, METRICS_PORT, MODEL, LocalReference, run_app
+from serve_helpers import BASE, DEMO, METRICS_PORT, MODEL, LocalReference, run_app
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["Hello", "The quick brown fox", "def f(x):", "Once upon a time, far away", "1 2 3 4"]
@@ -22,7 +22,7 @@ SMALL = {"num_cpus": 0.5}
 def app(serve_cluster):
     from specdiff.serving.app import build_app
 
-    run_app(build_app({"drafter": SMALL, "verifier": SMALL, "router": SMALL}), "specdiff", "/")
+    run_app(build_app({"models": DEMO, "drafter": SMALL, "verifier": SMALL, "router": SMALL}), "specdiff", "/")
     yield BASE
     serve_cluster.delete("specdiff")
 

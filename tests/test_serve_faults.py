@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from serve_helpers import BASE, MODEL, LocalReference, run_app
+from serve_helpers import BASE, DEMO, MODEL, LocalReference, run_app
 
 pytestmark = pytest.mark.slow
 SMALL = {"num_cpus": 0.25}
@@ -27,7 +27,7 @@ def faults_app(serve_cluster):
     from specdiff.serving.app import build_app
 
     router = {**SMALL, "drafter_timeout_s": 1.0, "drafter_cooldown_s": 0.5, "verifier_retries": 6}
-    run_app(build_app({"drafter": TWO, "verifier": TWO, "router": router}), "faults", "/faults")
+    run_app(build_app({"models": DEMO, "drafter": TWO, "verifier": TWO, "router": router}), "faults", "/faults")
     yield BASE + "/faults"
     serve_cluster.delete("faults")
 
@@ -37,7 +37,7 @@ def slow_app(serve_cluster):
     from specdiff.serving.app import build_app
 
     args = {
-        "models": {"drafter": "import:serve_helpers:slow_drafter"},
+        "models": {"verifier": "demo", "drafter": "import:serve_helpers:slow_drafter"},
         "drafter": SMALL,
         "verifier": SMALL,
         "router": {**SMALL, "drafter_timeout_s": 0.3, "drafter_cooldown_s": 0.0},

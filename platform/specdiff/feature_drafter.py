@@ -312,14 +312,28 @@ class FeatureDrafter:
             elif self._kv is not None:
                 self._kv = [(k[:, :, :keep], v[:, :, :keep]) for k, v in self._kv]
             self._tokens = prefix[:n]
-            return self._window(prefix, gamma, n, self._kv)
+            return self.window(prefix[-1], len(prefix) - 1, gamma, self._kv)
 
     @torch.no_grad()
     def _marginals(self, prefix: list[int], gamma: int, feats: torch.Tensor) -> torch.Tensor:
         """One window without the cache (batched calls: evaluation)."""
         n = self._check_features(prefix, feats)
         kv = self.model.context(feats[:n][None], torch.arange(n)[None]) if n else None
-        return self._window(prefix, gamma, n, kv)
+        return self.window(prefix[-1], len(prefix) - 1, gamma, kv)
+
+    @torch.no_grad()
+    def extend_context(self, kv: list[tuple[torch.Tensor, torch.Tensor]] | None, features: torch.Tensor,
+                       start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A context cache ``kv`` (per layer keys, values [1, kv, start, D]; None: empty) extended by the rows
+        ``features`` [k, taps*H_t] of tokens start .. start+k-1. The caller owns the cache (one per session: the
+        Serve drafter replica keeps one per request)."""
+        if features.dim() != 2 or features.shape[1] != self.config.feature_size:
+            raise ValueError(f"features must have shape [n, {self.config.feature_size}] ({len(self.tap_layers)} taps "
+                             f"x {self.config.target_hidden_size}), got {tuple(features.shape)}")
+        new = self.model.context(features[None], torch.arange(start, start + len(features))[None])
+        if kv is None:
+            return new
+        return [(torch.cat([k0, k1], 2), torch.cat([v0, v1], 2)) for (k0, v0), (k1, v1) in zip(kv, new)]
 
     def _check_features(self, prefix: list[int], feats: torch.Tensor) -> int:
         if feats.dim() != 2 or feats.shape[1] != self.config.feature_size:
@@ -330,13 +344,14 @@ class FeatureDrafter:
             raise ValueError(f"features cover {n} tokens, more than the prefix's {len(prefix)}")
         return n
 
-    def _window(self, prefix: list[int], gamma: int, n: int, kv) -> torch.Tensor:
-        """One pass over [prefix[-1] (anchor), MASK x gamma] at positions len(prefix)-1 .. + gamma, reading the
-        context rows 0..n-1 (anchor = the last prefix token; tokens between n and the anchor, if any, are not
-        seen; the engine always passes n = len(prefix) - 1)."""
+    @torch.no_grad()
+    def window(self, anchor: int, start: int, gamma: int, kv) -> torch.Tensor:
+        """Marginals [gamma, V] of one pass over [anchor, MASK x gamma] at positions start .. start + gamma, reading
+        the context cache ``kv`` (rows 0..n-1, n from the cache; None: no context). The engine's anchor is the
+        pending token, so n = start; tokens between n and the anchor, if any, are not seen."""
         m = self.model
-        anchor = torch.tensor([prefix[-1]])
-        start = len(prefix) - 1
+        n = 0 if kv is None else int(kv[0][0].shape[2])
+        anchor = torch.tensor([int(anchor)])
         embeds = block_embeds(self.embed, m.mask_embedding, anchor, gamma).to(self.dtype)
         positions = torch.arange(start, start + gamma + 1)[None]
         q = gamma + 1

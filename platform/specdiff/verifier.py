@@ -95,6 +95,11 @@ class HFVerifierSession:
                 self.features = out[1][0].cpu()
 
     @property
+    def tree_features(self) -> torch.Tensor | None:
+        """Tapped states [N+1, taps*H] of the nodes of the tree scored last, until its commit (None: no taps)."""
+        return self._tree_features
+
+    @property
     def cached(self) -> int:
         """Tokens held in the KV cache (all but the pending one, between rounds)."""
         return self.cache.get_seq_length()

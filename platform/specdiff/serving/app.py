@@ -3,8 +3,11 @@
 ``build_app`` is the application builder behind ``serve run serve_apps.specdiff:app [key=value ...]`` and the
 Serve config YAML's ``import_path`` + ``args``.
 
-    Router (ingress, OpenAI API) --handle--> Drafter  (stateless, @serve.batch, drafter_pool)
+    Router (ingress, OpenAI API) --handle--> Drafter  (@serve.batch; a feature drafter's draft caches: consistent-hash
+                                                       on session id; drafter_pool)
                                  --handle--> Verifier (KV-cache sessions, consistent-hash on session id, verifier_pool)
+
+With no ``args`` it serves the embedded default pair (``models.demo=true``: the tiny random-init demo pair).
 """
 
 
@@ -23,7 +26,8 @@ from ray.serve.config import RequestRouterConfig
 
 from .config import AppConfig, DrafterOptions, ModelSource, RouterOptions, VerifierOptions
 from .metrics import ServeMetrics
-from .models import load_drafter, load_verifier, pair_label, resolve_pair
+from ..models import DEFAULT_VERIFIER, resolve_model_path
+from .models import check_pair, load_drafter, load_verifier, pair_label, resolve_default, resolve_pair
 from .protocol import ApiError
 from .router import OpenAIRouter
 from .servers import DrafterServer, VerifierServer
@@ -83,15 +87,22 @@ class _FollowsPair:
 class DrafterDeployment(_FollowsPair, DrafterServer):
     def __init__(self, models: ModelSource, options: DrafterOptions):
         resolved, label = resolve_pair(models)
-        super().__init__(functools.partial(load_drafter, resolved))
+        super().__init__(functools.partial(load_drafter, resolved), max_sessions=options.max_sessions,
+                         cache_budget_mb=options.cache_budget_mb)
         self._follow(models, label, load_drafter)
-        self.propose.set_max_batch_size(options.max_batch_size)
-        self.propose.set_batch_wait_timeout_s(options.batch_wait_timeout_s)
+        for method in (self.propose, self.propose_features):
+            method.set_max_batch_size(options.max_batch_size)
+            method.set_batch_wait_timeout_s(options.batch_wait_timeout_s)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.004)
     async def propose(self, prefixes: list[list[int]], gammas: list[int]) -> list:
         """Called per prefix; Serve hands it the calls queued meanwhile as lists, answered by one batched forward."""
         return await asyncio.to_thread(self.propose_many, prefixes, gammas)
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.004)
+    async def propose_features(self, session_ids, anchors, ns, gammas, rows) -> list:
+        """Feature drafter: called per session (routed by its id to this replica's draft cache), batched."""
+        return await asyncio.to_thread(self.propose_features_many, session_ids, anchors, ns, gammas, rows)
 
 
 class VerifierDeployment(_FollowsPair, VerifierServer):
@@ -101,6 +112,7 @@ class VerifierDeployment(_FollowsPair, VerifierServer):
             functools.partial(load_verifier, resolved),
             max_sessions=options.max_sessions,
             kv_cache_budget_mb=options.kv_cache_budget_mb,
+            feature_dtype=options.feature_dtype,
         )
         self._follow(models, label, load_verifier)
 
@@ -180,13 +192,29 @@ class Router:
 
 
 def build_app(args: Optional[Union[Dict[str, Any], AppConfig]] = None) -> serve.Application:
-    """Application builder: ``serve run serve_apps.specdiff:app drafter.max_replicas=4 pools=true``."""
+    """Application builder: ``serve run serve_apps.specdiff:app drafter.max_replicas=4 pools=true``.
+
+    Before anything is deployed: the default drafter is resolved (a ValueError says how to build it when it is
+    missing), the embedded default verifier is converted from GGUF once (not by every replica at the same time), and
+    a feature drafter is checked against the verifier (hidden size, tapped layers, vocabulary)."""
     cfg = args if isinstance(args, AppConfig) else AppConfig.from_args(args)
+    models = resolve_default(cfg.models)
+    if models.verifier == DEFAULT_VERIFIER:
+        resolve_model_path(DEFAULT_VERIFIER)
+    check_pair(models)
+    cfg = cfg.model_copy(update={"models": models})
     # A registry pair also reaches the model replicas as user_config: redeploying with another {"pair": ...} is a
     # Serve reconfigure (in place, no restart).
     follow = {"user_config": {"pair": cfg.models.pair}} if cfg.models.pair else {}
     drafter = serve.deployment(
-        DrafterDeployment, name="Drafter", **follow,
+        DrafterDeployment,
+        name="Drafter",
+        # A feature drafter keeps a draft cache per session: its calls carry the session id, like the verifier's.
+        request_router_config=RequestRouterConfig(
+            request_router_class=CONSISTENT_HASH_ROUTER,
+            request_router_kwargs={"num_virtual_nodes": cfg.drafter.num_virtual_nodes},
+        ),
+        **follow,
         **cfg.drafter.deployment_options(cfg.drafter_pool if cfg.pools else None),
     ).bind(cfg.models, cfg.drafter)
     verifier = serve.deployment(

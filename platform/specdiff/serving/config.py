@@ -12,7 +12,7 @@ YAML (``serve deploy``)::
         import_path: serve_apps.specdiff:app
         args:
           pools: true
-          models: {verifier: /models/verifier, drafter: /models/drafter}
+          models: {verifier: /models/verifier, drafter: /models/drafter}   # or {demo: true}; default: the embedded pair
           drafter: {min_replicas: 1, max_replicas: 4, num_gpus: 1, accelerator_type: A100}
 
 ``serve run serve_apps.specdiff:app drafter.max_replicas=4 pools=true``: dotted keys address nested fields.
@@ -23,9 +23,12 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+
+from ..models import DEFAULT_VERIFIER
 
 DEMO = "demo"
+DEFAULT_DRAFTER = "default"  # the embedded default pair's drafter (specdiff.serving.models.resolve_default)
 
 
 class _Strict(BaseModel):
@@ -33,19 +36,32 @@ class _Strict(BaseModel):
 
 
 class ModelSource(_Strict):
-    """Where the verifier, drafter and tokenizer come from. ``demo`` builds a tiny random-init pair offline."""
+    """Where the verifier, drafter and tokenizer come from.
 
-    model_id: str = Field("specdiff-demo", description="Name served in /v1/models; requests must use it as `model`.")
+    By default the embedded default pair: the verifier SmolLM2-135M-Instruct (``smollm2-135m-instruct``) and its
+    default drafter (``default``: ``$SPECDIFF_HOME/drafters/default`` built by ``python jobs/build_drafter.py``, else
+    the registry's ``models:/specdiff-drafter-smollm2@production``). ``demo=true`` serves a tiny random-init pair
+    instead (offline, seconds, gibberish: tests and laptops)."""
+
+    demo: bool = Field(
+        False, description="Serve the tiny random-init demo pair (verifier and drafter 'demo'): offline, no build."
+    )
+    model_id: str = Field(
+        None, description="Name served in /v1/models; requests must use it as `model`. Default: "
+        "'smollm2-135m-instruct' for the embedded default verifier, else 'specdiff-demo'."
+    )
     verifier: str = Field(
-        DEMO,
-        description="Verifier: 'demo' (tiny random-init Llama over a byte tokenizer, no download) or a Hugging Face "
-        "causal-LM folder / hub id.",
+        None,
+        description="Verifier: 'smollm2-135m-instruct' (the embedded default), 'demo' (tiny random-init Llama over "
+        "a byte tokenizer, no download) or a Hugging Face causal-LM folder / hub id.",
     )
     drafter: str = Field(
-        DEMO,
-        description="Drafter: 'demo' (build_small_drafter over the verifier's vocabulary), a folder written by "
-        "save_drafter, 'hf:<folder or hub id>' (a masked-diffusion model such as DiffuCoder), or "
-        "'import:<module>:<function>' (a factory called with this ModelSource that returns a Drafter).",
+        None,
+        description="Drafter: 'default' (the embedded default pair's: $SPECDIFF_HOME/drafters/default, else the "
+        "registry's production alias of family smollm2), 'demo' (build_small_drafter over the verifier's "
+        "vocabulary), a folder written by save_drafter or save_feature_drafter, 'hf:<folder or hub id>' (a "
+        "masked-diffusion model such as DiffuCoder), or 'import:<module>:<function>' (a factory called with this "
+        "ModelSource that returns a standalone Drafter).",
     )
     tokenizer: str | None = Field(None, description="Tokenizer folder / hub id; default: the verifier's.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
@@ -75,6 +91,29 @@ class ModelSource(_Strict):
         30, ge=0, description="With `pair` an alias: every replica re-reads it this often and swaps a newly promoted "
         "pair in (0: only at start-up and on a Serve reconfigure of user_config {'pair': ...})."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        """Fill verifier / drafter / model_id from ``demo`` (and ``pair``) when they are not given."""
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if v is not None}
+        demo = TypeAdapter(bool).validate_python(data.get("demo", False))
+        if demo:
+            given = {k: data[k] for k in ("verifier", "drafter", "pair") if data.get(k, DEMO) != DEMO}
+            if given:
+                key, value = next(iter(given.items()))
+                raise ValueError(f"{key} must be left unset with demo=true (the demo pair is served), got {value!r}")
+            data.update(verifier=DEMO, drafter=DEMO)
+        elif data.get("pair") is not None:  # the pair names both (a verifier given is an override, digest-checked)
+            data.setdefault("verifier", DEMO)
+            data.setdefault("drafter", DEMO)
+        else:
+            data.setdefault("verifier", DEFAULT_VERIFIER)
+            data.setdefault("drafter", DEFAULT_DRAFTER)
+        data.setdefault("model_id", DEFAULT_VERIFIER if data["verifier"] == DEFAULT_VERIFIER else "specdiff-demo")
+        return data
 
     @field_validator("drafter")
     @classmethod
@@ -145,6 +184,11 @@ class PoolOptions(_Strict):
 class DrafterOptions(PoolOptions):
     max_batch_size: int = Field(16, ge=1, description="Concurrent proposals batched into one forward (serve.batch).")
     batch_wait_timeout_s: float = Field(0.004, ge=0, description="How long a batch waits to fill.")
+    max_sessions: int = Field(256, ge=1, description="Feature drafter: per-replica cap on draft caches (LRU beyond).")
+    cache_budget_mb: float = Field(
+        512, gt=0, description="Feature drafter: per-replica memory budget for draft caches (LRU beyond)."
+    )
+    num_virtual_nodes: int = Field(100, ge=1, description="Consistent-hash ring (feature drafter sessions).")
 
 
 class VerifierOptions(PoolOptions):
@@ -153,6 +197,10 @@ class VerifierOptions(PoolOptions):
         2048, gt=0, description="Per-replica memory budget for KV caches; least recently used sessions are evicted."
     )
     num_virtual_nodes: int = Field(100, ge=1, description="Consistent-hash ring: virtual nodes per replica.")
+    feature_dtype: Literal["float16", "bfloat16", "float32"] = Field(
+        "float16", description="Feature drafter: dtype of the tapped features sent to the drafter (2 bytes per "
+        "number; float32 makes the served drafts bit-identical to an in-process decode's)."
+    )
 
 
 class RouterOptions(PoolOptions):

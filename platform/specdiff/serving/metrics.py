@@ -19,6 +19,7 @@ class NullMetrics:
     def acceptance_length(self, tokens: int) -> None: ...
     def request(self, endpoint: str, status: str, stats: DecodeStats | None, speculative: bool) -> None: ...
     def disconnect(self) -> None: ...
+    def drafter_cache_miss(self) -> None: ...
 
 
 class ServeMetrics(NullMetrics):
@@ -40,6 +41,9 @@ class ServeMetrics(NullMetrics):
         self._retries = counter("verifier_retries", "Verifier calls retried after a failure.")
         self._requests = counter("requests", "Finished requests.", ["endpoint", "status", "mode"])
         self._disconnects = counter("client_disconnects", "Requests whose client went away; session freed.")
+        self._draft_misses = counter(
+            "drafter_cache_misses", "Feature-drafter calls that found no draft cache for their session (rows resent)."
+        )
         self._accept_len = Histogram(
             "specdiff_acceptance_length",
             description="Tokens emitted per verifier call of speculative requests (accepted + 1).",
@@ -69,6 +73,9 @@ class ServeMetrics(NullMetrics):
 
     def disconnect(self) -> None:
         self._disconnects.inc()
+
+    def drafter_cache_miss(self) -> None:
+        self._draft_misses.inc()
 
     def request(self, endpoint: str, status: str, stats: DecodeStats | None, speculative: bool) -> None:
         self._requests.inc(tags={"endpoint": endpoint, "status": status, "mode": "spec" if speculative else "plain"})

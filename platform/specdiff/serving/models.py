@@ -1,8 +1,12 @@
 """Model loading for the Serve deployments, from a ``ModelSource``.
 
-``demo`` is a TINY RANDOM-INIT model pair (a 2-layer Llama verifier over a byte-level tokenizer and a
-``build_small_drafter``): it exercises the whole serving path offline, on CPU, in seconds, and writes gibberish.
-Point ``models.verifier`` / ``models.drafter`` at real weights for real text.
+The default source is the embedded default pair (SmolLM2-135M-Instruct and its default feature drafter, see
+``resolve_default``). ``demo`` is a TINY RANDOM-INIT model pair (a 2-layer Llama verifier over a byte-level tokenizer
+and a ``build_small_drafter``): it exercises the whole serving path offline, on CPU, in seconds, and writes
+gibberish.
+
+A feature drafter (``specdiff.feature_drafter``) has no embeddings or LM head of its own: its replica loads the
+verifier's weights to take them, and the verifier replica taps the layers the drafter's record names.
 """
 
 from __future__ import annotations
@@ -12,12 +16,20 @@ from functools import lru_cache
 
 import torch
 
-from ..drafter import Drafter, HFDiffusionDrafter, build_small_drafter
+import json
+import os
+from pathlib import Path
+
+from ..drafter import DRAFTER_META, Drafter, HFDiffusionDrafter, build_small_drafter
 from ..drafter import load_drafter as load_saved_drafter
 from ..dtypes import resolve_dtype
-from ..models import resolve_model_path
+from ..feature_drafter import FEATURE_DRAFTER_META, FeatureDrafterConfig, is_feature_drafter, load_feature_drafter
+from ..models import DEFAULT_VERIFIER, resolve_model_path, state_dir
 from ..verifier import HFVerifier
-from .config import DEMO, ModelSource
+from .config import DEFAULT_DRAFTER, DEMO, ModelSource
+
+DEFAULT_FAMILY = "smollm2"  # the default pair's registry family (jobs/build_drafter.py --register)
+BUILD_HINT = "python jobs/build_drafter.py"
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
@@ -60,9 +72,42 @@ def byte_tokenizer():
     )
 
 
+def default_drafter_dir() -> Path:
+    """Where ``jobs/build_drafter.py`` puts the default drafter: ``$SPECDIFF_HOME/drafters/default``."""
+    return state_dir() / "drafters" / "default"
+
+
+def resolve_default(source: ModelSource) -> ModelSource:
+    """``drafter='default'`` -> the built default drafter's folder if there is one, else the registry's production
+    pair of family smollm2 if one was promoted, else a ValueError that says how to build it. Building it here
+    instead would make ``serve run`` sit silently for ~20 minutes (a teacher pass and a Ray Train job on the same
+    CPUs the app is about to use), so it is the user's explicit step."""
+    if source.drafter != DEFAULT_DRAFTER:
+        return source
+    folder = default_drafter_dir()
+    if is_feature_drafter(folder) or (folder / DRAFTER_META).is_file():
+        return source.model_copy(update={"drafter": str(folder)})
+    alias = f"models:/specdiff-drafter-{DEFAULT_FAMILY}@production"
+    store = source.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if store or (state_dir() / "mlflow.db").is_file():  # never create an empty store just to look
+        from ..registry import Registry
+
+        if Registry(store).production(DEFAULT_FAMILY) is not None:
+            verifier = DEMO if source.verifier == DEFAULT_VERIFIER else source.verifier  # the pair's own verifier
+            return source.model_copy(update={"drafter": DEMO, "pair": alias, "verifier": verifier})
+    raise ValueError(
+        f"models.drafter='default': the default drafter of {DEFAULT_VERIFIER} is not built ({str(folder)!r} is "
+        f"missing) and the registry has no {alias}. Build it once with `{BUILD_HINT}` (about 20 minutes on 2 CPU "
+        "cores; `--register` also promotes it in the registry), or serve another drafter (models.drafter=<folder>), "
+        "or the tiny random-init demo pair (models.demo=true)"
+    )
+
+
 def resolve_pair(source: ModelSource) -> tuple[ModelSource, str | None]:
     """With ``source.pair``: the source pointed at local folders of the registered pair it names now (downloaded
-    once, verifier digest checked), and the drafter version's label (``specdiff-drafter-tiny/3``). Without: as is."""
+    once, verifier digest checked), and the drafter version's label (``specdiff-drafter-tiny/3``). Without: as is
+    (a ``default`` drafter resolved first, see ``resolve_default``)."""
+    source = resolve_default(source)
     if source.pair is None:
         return source, None
     from ..registry import Registry
@@ -119,21 +164,66 @@ def demo_verifier_model(source: ModelSource, vocab_size: int):
         return LlamaForCausalLM(config).eval()
 
 
-def load_verifier(source: ModelSource) -> HFVerifier:
+def verifier_model(source: ModelSource) -> torch.nn.Module:
     if source.verifier == DEMO:
-        model = demo_verifier_model(source, len(byte_tokenizer()))
-    else:
-        from transformers import AutoModelForCausalLM
+        return demo_verifier_model(source, len(byte_tokenizer()))
+    from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(
-            resolve_model_path(source.verifier),  # the embedded default name, a local folder or a hub id
-            dtype=_dtype(source),
-            device_map=source.device_map,
-            trust_remote_code=source.trust_remote_code,
-        )
-        if source.device_map is None:
-            model = model.to(_device())
-    return HFVerifier(model, max_context=source.max_context)
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path(source.verifier),  # the embedded default name, a local folder or a hub id
+        dtype=_dtype(source),
+        device_map=source.device_map,
+        trust_remote_code=source.trust_remote_code,
+    )
+    if source.device_map is None:
+        model = model.to(_device())
+    return model.eval()
+
+
+def feature_drafter_config(source: ModelSource) -> FeatureDrafterConfig | None:
+    """The drafter's config when ``source.drafter`` is a feature drafter folder (read from its record), else None."""
+    if source.drafter in (DEMO, DEFAULT_DRAFTER) or source.drafter.startswith(("hf:", "import:")):
+        return None
+    if not is_feature_drafter(source.drafter):
+        return None
+    meta_file = Path(source.drafter) / FEATURE_DRAFTER_META
+    try:
+        return FeatureDrafterConfig(**json.loads(meta_file.read_text())["config"])
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"corrupt drafter file {str(meta_file)!r}: {err}") from None
+
+
+def load_verifier(source: ModelSource) -> HFVerifier:
+    """The verifier; with a feature drafter, tapping the layers the drafter reads."""
+    config = feature_drafter_config(source)
+    taps = config.target_layer_ids if config is not None else None
+    return HFVerifier(verifier_model(source), max_context=source.max_context, tap_layers=taps)
+
+
+def check_pair(source: ModelSource) -> None:
+    """Before deploying: a feature drafter must fit the verifier (hidden size, its tapped layers, vocabulary). Reads
+    configs only (no weights); a ValueError names the mismatch. The replicas check again when they load."""
+    config = feature_drafter_config(source)
+    if config is None:
+        return
+    if source.verifier == DEMO:
+        hidden, layers, vocab = 64, 2, len(byte_tokenizer())  # demo_verifier_model's shape
+    else:
+        from transformers import AutoConfig
+
+        vc = AutoConfig.from_pretrained(resolve_model_path(source.verifier), trust_remote_code=source.trust_remote_code)
+        hidden, layers, vocab = int(vc.hidden_size), int(vc.num_hidden_layers), int(vc.vocab_size)
+    where = f"models.drafter {source.drafter!r}"
+    if config.target_hidden_size != hidden:
+        raise ValueError(f"{where} is a feature drafter for a verifier of hidden size {config.target_hidden_size}; "
+                         f"models.verifier {source.verifier!r} has hidden size {hidden}")
+    if max(config.target_layer_ids) >= layers:
+        raise ValueError(f"{where} reads the verifier's layers {list(config.target_layer_ids)} "
+                         f"({len(config.target_layer_ids)} taps); models.verifier {source.verifier!r} has only "
+                         f"{layers} layers")
+    if config.vocab_size != vocab:
+        raise ValueError(f"{where} was built for a vocabulary of {config.vocab_size}; models.verifier "
+                         f"{source.verifier!r} has {vocab}")
 
 
 def load_drafter(source: ModelSource) -> Drafter:
@@ -150,16 +240,11 @@ def load_drafter(source: ModelSource) -> Drafter:
         drafter = HFDiffusionDrafter.from_pretrained(
             source.drafter[3:], dtype=_dtype(source), trust_remote_code=source.trust_remote_code, **source.drafter_options
         )
+    elif is_feature_drafter(source.drafter):
+        # It reads the verifier's embeddings and LM head (frozen, shared): load the verifier and keep only those
+        # (the decoder layers are dropped with the model object).
+        return load_feature_drafter(source.drafter, verifier_model(source), dtype=_dtype(source))
     else:
-        from ..feature_drafter import is_feature_drafter
-
-        if is_feature_drafter(source.drafter):
-            # Its context is the verifier's hidden states, which would have to travel verifier replica -> router ->
-            # drafter replica every round; the split-pool app does not carry them yet.
-            raise ValueError(f"models.drafter {source.drafter!r} is a feature drafter (conditioned on the verifier's "
-                             "hidden states), which the Serve app cannot run yet; serve a standalone drafter (e.g. "
-                             "$SPECDIFF_HOME/drafters/smollm2-standalone from jobs/build_drafter.py --ablations) or "
-                             "decode in process (jobs/generate.py)")
         drafter = load_saved_drafter(source.drafter, dtype=_dtype(source))
     return HFDiffusionDrafter(drafter.model.to(_device()), drafter.config)  # re-wrapped: HFModel records the device
 

@@ -10,6 +10,14 @@ router runs each decode loop in a worker thread.
 - ``RemoteVerifier``: one per request. Every call carries the session id (Serve's consistent-hash router sends all
   calls of a session to the replica that holds its KV cache), the full token list (a replica without the session
   recomputes it) and the previous round's commit (one round trip per round). Failed calls are retried.
+
+Feature drafters (the verifier replica taps layers): each ``score`` also returns the tapped features of the tree's
+nodes from the same forward pass; ``commit`` keeps the committed nodes' rows in the session's ``RemoteFeatures``,
+and the next drafter call carries just those rows (``FeatureRows``, float16 bytes), routed by session id to the
+drafter replica that holds the session's draft cache. A drafter replica that lacks earlier rows (new, restarted, or
+evicted the session) answers ``NeedFeatures``; the router then reads the whole prefix's rows from the verifier
+replica, which keeps them with the KV cache (or recomputes them with the prefix), and sends them once. The first
+round of a request works the same way (its prompt's rows come from the verifier's prefill).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from ray.serve import exceptions as serve_errors
 from ..drafter import DrafterUnavailable
 from ..tree import TokenTree
 from .metrics import NullMetrics
+from .wire import FeatureRows, NeedFeatures
 
 logger = logging.getLogger(__name__)
 
@@ -43,23 +52,61 @@ RETRYABLE = (
 
 
 class RemoteDrafter:
-    def __init__(self, handle, vocab_size: int, *, timeout_s: float = 2.0, cooldown_s: float = 1.0, metrics=None):
+    """The drafter role over the drafter deployment's handle, shared by a router's requests. ``tap_layers`` (from the
+    replicas' ``info``): set for a feature drafter, whose calls go through ``propose(prefix, gamma, features)``."""
+
+    def __init__(self, handle, vocab_size: int, *, timeout_s: float = 2.0, cooldown_s: float = 1.0, metrics=None,
+                 tap_layers: Sequence[int] | None = None):
         self.handle = handle
         self.vocab_size = vocab_size
         self.timeout_s = timeout_s
         self.cooldown_s = cooldown_s
         self.metrics = metrics or NullMetrics()
+        self.tap_layers = tuple(tap_layers) if tap_layers else None
+        self.needs_features = self.tap_layers is not None
         self._skip_until = 0.0
         self._lock = threading.Lock()
 
-    def propose(self, prefix: Sequence[int], gamma: int) -> torch.Tensor:
+    def propose(self, prefix: Sequence[int], gamma: int, features=None) -> torch.Tensor:
+        if self.needs_features:
+            return self._propose_features(prefix, gamma, features)
+        return self._call(self.handle, "propose", list(prefix), gamma)  # [gamma, V]
+
+    def _propose_features(self, prefix: Sequence[int], gamma: int, features) -> torch.Tensor:
+        n = len(prefix) - 1  # context rows: every token but the pending one (the anchor)
+        if not isinstance(features, RemoteFeatures):  # a plain tensor (calibration): one stateless call
+            if features is None or features.shape[0] != n:
+                raise ValueError(f"a feature drafter needs features of the prefix's first {n} tokens, got "
+                                 f"{None if features is None else tuple(features.shape)}")
+            rows = FeatureRows.encode(features, 0, "float32") if n else None
+            return self._call(self.handle, "propose_features", None, int(prefix[-1]), n, gamma, rows)
+        if len(features) != n:
+            raise ValueError(f"features cover {len(features)} tokens, the prefix has {n} before its pending token")
+        self._cooling_down()
+        handle = self.handle.options(session_id=features.session_id)  # the replica holding its draft cache
+        features.drafter_close = lambda: handle.close.remote(features.session_id)
+        out = self._call(handle, "propose_features", features.session_id, int(prefix[-1]), n, gamma,
+                         features.rows(features.drafter_has))
+        if isinstance(out, NeedFeatures):  # that replica lacks earlier rows: send them from where it stands
+            self.metrics.drafter_cache_miss()
+            out = self._call(handle, "propose_features", features.session_id, int(prefix[-1]), n, gamma,
+                             features.rows(out.have))
+            if isinstance(out, NeedFeatures):
+                raise DrafterUnavailable(f"drafter replica lost session {features.session_id} twice in one round")
+        features.acknowledge(n)
+        return out
+
+    def _cooling_down(self) -> None:
         if time.monotonic() < self._skip_until:
             self.metrics.fallback("cooldown")
             raise DrafterUnavailable("drafter is cooling down after a failure")
+
+    def _call(self, handle, method: str, *args):
+        self._cooling_down()
         t0 = time.perf_counter()
-        response = self.handle.propose.remote(list(prefix), gamma)
+        response = getattr(handle, method).remote(*args)
         try:
-            marginals = response.result(timeout_s=self.timeout_s)  # [gamma, V]
+            out = response.result(timeout_s=self.timeout_s)
         except Exception as err:  # any failure degrades to a verifier-only round, which stays exact
             reason = "timeout" if isinstance(err, TimeoutError) else "error"
             if reason == "timeout":
@@ -70,19 +117,89 @@ class RemoteDrafter:
             logger.warning("drafter %s (%s); verifier-only for %.1fs", reason, type(err).__name__, self.cooldown_s)
             raise DrafterUnavailable(f"drafter {reason}: {type(err).__name__}") from err
         self.metrics.drafter_latency(time.perf_counter() - t0)
-        return marginals
+        return out
 
-    def propose_batch(self, prefixes: Sequence[Sequence[int]], gamma: int) -> torch.Tensor:
-        return torch.stack([self.propose(p, gamma) for p in prefixes])
+    def propose_batch(self, prefixes: Sequence[Sequence[int]], gamma: int, features=None) -> torch.Tensor:
+        if features is None:
+            return torch.stack([self.propose(p, gamma) for p in prefixes])
+        return torch.stack([self.propose(p, gamma, f) for p, f in zip(prefixes, features)])
+
+
+class RemoteFeatures:
+    """Router-side view of a remote verifier session's tapped features [n, taps*H] (n = tokens but the pending one),
+    what the engine hands a feature drafter. It keeps only the rows the drafter replica has not acknowledged yet
+    (normally the last round's committed nodes; at most ``max_kept`` rows); older rows are read from the verifier
+    replica when needed."""
+
+    def __init__(self, session: RemoteVerifierSession, max_kept: int = 512):
+        self.session = session
+        self.session_id = session.id
+        self.max_kept = max_kept
+        self.drafter_has = 0  # rows the drafter replica acknowledged
+        self.drafter_close = None  # set by the RemoteDrafter once it has opened a draft cache for this session
+        self.bytes_sent = 0  # feature bytes sent to the drafter
+        self.fetches = 0  # reads of earlier rows from the verifier replica
+        self._rows: torch.Tensor | None = None  # [k, width]: rows start .. n-1 (wire dtype)
+        self._start = 0
+        self._dtype = "float16"
+
+    def __len__(self) -> int:
+        return len(self.session.tokens) - 1
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self), -1 if self._rows is None else int(self._rows.shape[1]))
+
+    def append(self, rows: torch.Tensor, start: int, dtype: str) -> None:
+        """Rows of tokens start .. start+k-1, just committed."""
+        if self._rows is not None and self._start + len(self._rows) == start:
+            self._rows = torch.cat([self._rows, rows])
+        else:
+            self._rows, self._start = rows, start
+        if len(self._rows) > self.max_kept:  # the drafter has been away long: the verifier has them too
+            cut = len(self._rows) - self.max_kept
+            self._rows, self._start = self._rows[cut:], self._start + cut
+        self._dtype = dtype
+
+    def acknowledge(self, n: int) -> None:
+        """The drafter replica now holds rows 0..n-1: drop them here."""
+        self.drafter_has = n
+        if self._rows is not None:
+            cut = min(max(n - self._start, 0), len(self._rows))
+            self._rows, self._start = self._rows[cut:], self._start + cut
+
+    def rows(self, start: int) -> FeatureRows | None:
+        """Rows start .. n-1 for the drafter (None: nothing new), from here or from the verifier replica."""
+        n = len(self)
+        if start >= n:
+            return None
+        if self._rows is not None and self._start <= start and self._start + len(self._rows) == n:
+            out = FeatureRows.encode(self._rows[start - self._start :], start, self._dtype)
+        else:
+            self.fetches += 1
+            out = self.session.fetch_features(start)
+        self.bytes_sent += out.nbytes
+        return out
+
+    def __getitem__(self, index) -> torch.Tensor:
+        """A plain tensor of all rows, indexed (calibration reads ``features[:k]``); read from the verifier."""
+        return self.session.fetch_features(0).decode()[index]
+
+    def close(self) -> None:
+        if self.drafter_close is not None:
+            self.drafter_close()
+            self.drafter_close = None
 
 
 class RemoteVerifier:
     """Verifier role for ONE request: its sessions are closed on the replicas by ``close()``."""
 
-    def __init__(self, handle, vocab_size: int, max_context: int | None, *, timeout_s=60.0, retries=2, metrics=None):
+    def __init__(self, handle, vocab_size: int, max_context: int | None, *, timeout_s=60.0, retries=2, metrics=None,
+                 tap_layers: Sequence[int] | None = None):
         self.handle = handle
         self.vocab_size = vocab_size
         self.max_context = max_context
+        self.tap_layers = tuple(tap_layers) if tap_layers else None  # the replicas tap these layers for a drafter
         self.timeout_s = timeout_s
         self.retries = retries
         self.metrics = metrics or NullMetrics()
@@ -98,6 +215,11 @@ class RemoteVerifier:
     def close(self) -> None:
         """Free every session's KV cache on its replica (best effort: an unreachable replica has lost it anyway)."""
         for session in self.sessions:
+            if session.features is not None:  # the drafter replica's draft cache: fire and forget
+                try:
+                    session.features.close()
+                except Exception as err:
+                    logger.warning("closing draft session %s failed: %s", session.id, type(err).__name__)
             try:
                 session.handle.close.remote(session.id).result(timeout_s=self.timeout_s)
             except Exception as err:
@@ -113,14 +235,17 @@ class RemoteVerifierSession:
         self.tokens = list(prompt)
         self._scored: TokenTree | None = None
         self._commit: tuple[list[int], int] | None = None
+        self._tree_rows: FeatureRows | None = None
+        self.features = RemoteFeatures(self) if verifier.tap_layers else None
 
-    def score(self, tree: TokenTree) -> torch.Tensor:
+    def _call(self, method: str, *args):
+        """A verifier call with the session's pending commit, retried on failures of the machinery."""
         v = self.verifier
         for attempt in range(v.retries + 1):
             t0 = time.perf_counter()
-            response = self.handle.score.remote(self.id, self.tokens, self._commit, tree)
+            response = getattr(self.handle, method).remote(self.id, self.tokens, self._commit, *args)
             try:
-                logp = response.result(timeout_s=v.timeout_s)  # [N+1, V]
+                out = response.result(timeout_s=v.timeout_s)
                 break
             except RETRYABLE as err:
                 if isinstance(err, TimeoutError):
@@ -131,13 +256,31 @@ class RemoteVerifierSession:
                 logger.warning("verifier call failed (%s); retry %d/%d", type(err).__name__, attempt + 1, v.retries)
                 time.sleep(0.05 * 2**attempt)
         v.metrics.verifier_latency(time.perf_counter() - t0)
-        self._scored, self._commit = tree, None
+        self._commit = None  # delivered
+        return out
+
+    def score(self, tree: TokenTree) -> torch.Tensor:
+        if self.features is None:
+            logp = self._call("score", tree)  # [N+1, V]
+        else:
+            logp, self._tree_rows = self._call("score_with_features", tree)  # rows [N+1, taps*H]
+        self._scored = tree
         return logp
+
+    def fetch_features(self, start: int) -> FeatureRows:
+        """Features of tokens start .. len(tokens)-2, read from the verifier replica (prefilled there if needed)."""
+        if self._scored is not None:
+            raise RuntimeError("fetch_features() between score() and commit(); commit first")
+        return self._call("features", start)
 
     def commit(self, path: Sequence[int], next_token: int) -> None:
         if self._scored is None:
             raise RuntimeError("commit() needs a scored tree; call score() first")
         path = [int(i) for i in path]
+        if self.features is not None:  # the root (the old pending token) and the accepted nodes are committed
+            rows = self._tree_rows
+            self.features.append(rows.decode()[[0, *path]], rows.start, rows.dtype)
+            self._tree_rows = None
         self.tokens.extend(int(self._scored.tokens[i]) for i in path)
         self.tokens.append(int(next_token))
-        self._commit, self._scored = (path, int(next_token)), None  # sent with the next score()
+        self._commit, self._scored = (path, int(next_token)), None  # sent with the next call

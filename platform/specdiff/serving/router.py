@@ -95,13 +95,14 @@ class OpenAIRouter:
         """vocab size / context, asked of the verifier once (the router does not load model weights)."""
         if self._info is None:
             info = await self.verifier_handle.info.remote()
-            drafter_vocab = (await self.drafter_handle.info.remote())["vocab_size"]
+            drafter = await self.drafter_handle.info.remote()
             self._drafter = RemoteDrafter(
                 self.drafter_handle,
-                drafter_vocab,
+                drafter["vocab_size"],
                 timeout_s=self.options.drafter_timeout_s,
                 cooldown_s=self.options.drafter_cooldown_s,
                 metrics=self.metrics,
+                tap_layers=drafter.get("tap_layers"),
             )
             self._info = info
         return self._info
@@ -182,6 +183,7 @@ class OpenAIRouter:
             timeout_s=self.options.verifier_timeout_s,
             retries=self.options.verifier_retries,
             metrics=self.metrics,
+            tap_layers=info.get("tap_layers"),
         )
         options = dict(
             max_new_tokens=max_tokens,

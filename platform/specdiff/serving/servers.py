@@ -1,15 +1,21 @@
 """The drafter and verifier replicas as plain classes, with the model injected (testable without Serve).
 
-- ``DrafterServer``: stateless prefix -> marginals; ``propose_many`` runs a batch of calls (one forward per window
-  size). The Serve deployment (``app.DrafterDeployment``) feeds it concurrent calls through ``serve.batch``.
+- ``DrafterServer``: prefix -> marginals; ``propose_many`` runs a batch of calls (one forward per window size). The
+  Serve deployment (``app.DrafterDeployment``) feeds it concurrent calls through ``serve.batch``. A standalone
+  drafter is stateless. A feature drafter (``needs_features``) keeps one draft cache per session (the context's
+  keys/values, LRU-bounded like the verifier's): each call brings only the feature rows the replica lacks; a replica
+  without them answers ``NeedFeatures`` and the router sends the whole prefix's rows (docs/serve.md).
 - ``VerifierServer``: tree scoring over per-session KV caches, LRU-bounded by a session count and a memory budget.
   Each call carries the session's full token list, so a replica that lacks the session (evicted, restarted, or a
-  new replica after a re-route) recomputes the prefix and stays exact.
+  new replica after a re-route) recomputes the prefix and stays exact. A verifier with tap layers also returns the
+  tapped features of the scored tree's nodes (from the same forward pass) and keeps every committed token's, so
+  a drafter replica that lost a session can be given the whole prefix's rows again (``features``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -20,6 +26,7 @@ import torch
 from ..drafter import Drafter
 from ..tree import TokenTree
 from ..verifier import HFVerifierSession, Verifier
+from .wire import FeatureRows, NeedFeatures
 
 
 def _build(obj, kind):
@@ -27,19 +34,43 @@ def _build(obj, kind):
     return obj if hasattr(obj, kind) else obj()
 
 
+@dataclass
+class _Draft:
+    kv: list | None  # per draft layer (keys, values) [1, kv_heads, n, head_dim]; None: no context yet
+    n: int  # context rows held
+    nbytes: int = 0
+
+
 class DrafterServer:
-    def __init__(self, drafter: Drafter | Callable[[], Drafter]):
+    def __init__(self, drafter: Drafter | Callable[[], Drafter], *, max_sessions: int = 256,
+                 cache_budget_mb: float = 512):
         self.drafter: Drafter = _build(drafter, "propose_batch")
         self.vocab_size = self.drafter.vocab_size
+        self.needs_features = bool(getattr(self.drafter, "needs_features", False))
         self.batch_sizes: list[int] = []  # recent batch sizes (observability and tests)
         self.pair: str | None = None  # the registered drafter version served, when it comes from the registry
+        self.max_sessions = max_sessions
+        self.budget_bytes = int(cache_budget_mb * 2**20)
+        self._drafts: OrderedDict[str, _Draft] = OrderedDict()  # feature drafter: session -> draft cache, LRU first
+        self._lock = threading.Lock()
+        self.counts = {"hits": 0, "new": 0, "misses": 0, "evictions": 0, "feature_bytes": 0}
+
+    @property
+    def tap_layers(self) -> tuple[int, ...] | None:
+        return tuple(self.drafter.tap_layers) if self.needs_features else None
 
     def swap(self, drafter: Drafter, pair: str | None = None) -> None:
         """Serve ``drafter`` from the next call on (a promoted pair); calls already running finish on the old one.
-        The vocabulary is the router's contract and must not change."""
+        The vocabulary and the tap layers are the router's contract and must not change; draft caches are
+        dropped (they belong to the old model)."""
         if drafter.vocab_size != self.vocab_size:
             raise ValueError(f"drafter vocab_size must stay {self.vocab_size} across a swap, got {drafter.vocab_size}")
-        self.drafter, self.pair = drafter, pair
+        taps = tuple(drafter.tap_layers) if getattr(drafter, "needs_features", False) else None
+        if taps != self.tap_layers:
+            raise ValueError(f"drafter tap layers must stay {self.tap_layers} across a swap, got {taps}")
+        with self._lock:
+            self.drafter, self.pair = drafter, pair
+            self._drafts.clear()
 
     async def propose(self, prefix: list[int], gamma: int) -> torch.Tensor:
         """Marginals [gamma, V] for one prefix (unbatched; the deployment batches)."""
@@ -47,6 +78,8 @@ class DrafterServer:
 
     def propose_many(self, prefixes: Sequence[Sequence[int]], gammas: Sequence[int]) -> list[torch.Tensor]:
         """One forward per distinct gamma among the batched calls."""
+        if self.needs_features:
+            raise ValueError("this drafter is a feature drafter: call propose_features (the router does)")
         self.batch_sizes = (self.batch_sizes + [len(prefixes)])[-1000:]
         out: list[torch.Tensor | None] = [None] * len(prefixes)
         for gamma in sorted(set(gammas)):
@@ -56,8 +89,72 @@ class DrafterServer:
                 out[i] = m.clone()
         return out
 
+    def propose_features(self, session_id: str | None, anchor: int, n: int, gamma: int,
+                         rows: FeatureRows | None) -> torch.Tensor | NeedFeatures:
+        """Marginals [gamma, V] for the window after the pending token ``anchor`` at position ``n``, reading the
+        session's context rows 0..n-1: those held in its draft cache plus ``rows`` (None: nothing new). Without
+        the rows before ``rows.start``, answers ``NeedFeatures(have)``. ``session_id`` None: no cache (the rows must
+        start at 0)."""
+        return self.propose_features_many([session_id], [anchor], [n], [gamma], [rows])[0]
+
+    def propose_features_many(self, session_ids, anchors, ns, gammas, rows) -> list[torch.Tensor | NeedFeatures]:
+        """A batch of feature calls, one window each (contexts differ in length; each extends its own cache)."""
+        if not self.needs_features:
+            raise ValueError("this drafter reads no verifier features: call propose")
+        self.batch_sizes = (self.batch_sizes + [len(session_ids)])[-1000:]
+        with self._lock:  # one batch at a time: a session's cache is never extended twice at once
+            drafter = self.drafter
+            out = [self._one(drafter, *call) for call in zip(session_ids, anchors, ns, gammas, rows)]
+            self._evict()
+            return out
+
+    def _one(self, drafter, session_id, anchor, n, gamma, rows) -> torch.Tensor | NeedFeatures:
+        entry = self._drafts.pop(session_id, None) if session_id is not None else None
+        have = entry.n if entry is not None else 0
+        start, stop = (rows.start, rows.stop) if rows is not None else (n, n)
+        if stop != n:
+            raise ValueError(f"feature rows must end at the anchor's position {n}, got rows {start}..{stop - 1}")
+        if have < start or have > n:
+            # A new replica, an evicted session, or rows this replica never got: the router sends them again.
+            self.counts["misses"] += 1
+            if entry is not None and have < start:
+                self._drafts[session_id] = entry  # still valid: the missing rows will be appended to it
+            return NeedFeatures(have if have <= n else 0)
+        self.counts["hits" if entry is not None else "new"] += 1
+        kv = entry.kv if entry is not None else None
+        if have < stop:
+            fresh = rows.decode()[have - start:]
+            self.counts["feature_bytes"] += rows.nbytes
+            kv = drafter.extend_context(kv, fresh, have)
+        marginals = drafter.window(anchor, n, gamma, kv)  # [gamma, V]
+        if session_id is not None:
+            nbytes = sum(k.numel() * k.element_size() * 2 for k, _ in kv) if kv else 0
+            self._drafts[session_id] = _Draft(kv, n, nbytes)
+        return marginals
+
+    def _evict(self) -> None:
+        total = sum(d.nbytes for d in self._drafts.values())
+        while len(self._drafts) > 1 and (len(self._drafts) > self.max_sessions or total > self.budget_bytes):
+            _, entry = self._drafts.popitem(last=False)
+            total -= entry.nbytes
+            self.counts["evictions"] += 1
+
+    def close(self, session_id: str) -> bool:
+        """Free a session's draft cache (its request finished)."""
+        with self._lock:
+            return self._drafts.pop(session_id, None) is not None
+
+    def sessions(self) -> dict[str, int]:
+        """Live draft caches -> context rows held (observability and tests)."""
+        with self._lock:
+            return {sid: d.n for sid, d in self._drafts.items()}
+
+    def cache_stats(self) -> dict:
+        with self._lock:
+            return {**self.counts, "sessions": len(self._drafts), "bytes": sum(d.nbytes for d in self._drafts.values())}
+
     def info(self) -> dict:
-        return {"vocab_size": self.vocab_size, "pair": self.pair}
+        return {"vocab_size": self.vocab_size, "pair": self.pair, "tap_layers": self.tap_layers}
 
 
 @dataclass
@@ -69,10 +166,14 @@ class _Entry:
 
 
 def _cache_bytes(session) -> int:
+    """KV cache plus kept features."""
     cache = getattr(session, "cache", None)
+    features = getattr(session, "features", None)
+    total = features.numel() * features.element_size() if features is not None else 0
     if cache is None:
-        return 0
-    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values) if t is not None)
+        return total
+    return total + sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
+                       if t is not None)
 
 
 class VerifierServer:
@@ -82,8 +183,10 @@ class VerifierServer:
         *,
         max_sessions: int = 256,
         kv_cache_budget_mb: float = 2048,
+        feature_dtype: str = "float16",
     ):
         self.verifier: Verifier = _build(verifier, "start")
+        self.feature_dtype = feature_dtype  # of the tapped features sent back (specdiff.serving.wire)
         self.max_sessions = max_sessions
         self.budget_bytes = int(kv_cache_budget_mb * 2**20)
         self._sessions: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
@@ -95,7 +198,8 @@ class VerifierServer:
         self.generation = 0
 
     def info(self) -> dict:
-        return {"vocab_size": self.verifier.vocab_size, "max_context": self.verifier.max_context, "pair": self.pair}
+        return {"vocab_size": self.verifier.vocab_size, "max_context": self.verifier.max_context, "pair": self.pair,
+                "tap_layers": getattr(self.verifier, "tap_layers", None)}
 
     def swap(self, verifier: Verifier, pair: str | None = None) -> None:
         """Score with ``verifier`` from now on (a promoted pair). Every KV cache belongs to the old model, so all
@@ -103,6 +207,9 @@ class VerifierServer:
         if verifier.vocab_size != self.verifier.vocab_size:
             raise ValueError(f"verifier vocab_size must stay {self.verifier.vocab_size} across a swap, got "
                              f"{verifier.vocab_size}")
+        taps, new_taps = getattr(self.verifier, "tap_layers", None), getattr(verifier, "tap_layers", None)
+        if taps != new_taps:
+            raise ValueError(f"verifier tap layers must stay {taps} across a swap, got {new_taps}")
         with self._lock:
             self.verifier, self.pair = verifier, pair
             self.generation += 1
@@ -121,6 +228,41 @@ class VerifierServer:
         The session is taken out of the LRU while in use, so an overlapping retry builds its own and cannot corrupt
         this one.
         """
+        with self._session(session_id, tokens, commit) as entry:
+            logp = entry.session.score(tree)
+            entry.scored = True
+            return logp
+
+    def score_with_features(
+        self,
+        session_id: str,
+        tokens: list[int],
+        commit: tuple[list[int], int] | None,
+        tree: TokenTree,
+    ) -> tuple[torch.Tensor, FeatureRows]:
+        """``score``, plus the tapped features of the tree's N+1 nodes from the same forward pass (row i: node i;
+        the router keeps the committed ones for the drafter)."""
+        with self._session(session_id, tokens, commit) as entry:
+            logp = entry.session.score(tree)
+            entry.scored = True
+            nodes = entry.session.tree_features  # [N+1, taps*H]
+            return logp, FeatureRows.encode(nodes, len(tokens) - 1, self.feature_dtype)
+
+    def features(self, session_id: str, tokens: list[int], commit: tuple[list[int], int] | None,
+                 start: int) -> FeatureRows:
+        """The session's features of tokens ``start .. len(tokens) - 2`` (all committed tokens but the pending
+        one): what a drafter replica that lost the session needs. A replica without the session prefills it (the
+        prefill the next ``score`` would do anyway)."""
+        with self._session(session_id, tokens, commit) as entry:
+            if entry.session.features is None:
+                raise ValueError("this verifier taps no layers, so it has no features (the drafter is not a "
+                                 "feature drafter)")
+            return FeatureRows.encode(entry.session.features[start:], start, self.feature_dtype)
+
+    @contextlib.contextmanager
+    def _session(self, session_id: str, tokens: list[int], commit: tuple[list[int], int] | None):
+        """The session's entry at state ``tokens`` (after applying ``commit``), recomputed on a miss; out of the
+        LRU while in use, put back after a call that did not fail."""
         with self._lock:
             entry = self._sessions.pop(session_id, None)
             busy = self._busy.setdefault(session_id, [0, len(tokens)])
@@ -136,11 +278,9 @@ class VerifierServer:
                 entry = _Entry(self.verifier.start(tokens), scored=False, nbytes=0, generation=self.generation)
             else:
                 self.counts["hits"] += 1
-            logp = entry.session.score(tree)
-            entry.scored = True
+            yield entry
             entry.nbytes = _cache_bytes(entry.session)
             keep = True
-            return logp
         finally:
             with self._lock:
                 busy[0] -= 1

@@ -1,0 +1,62 @@
+"""What travels between the replicas and the router besides tokens: tapped verifier features, compactly.
+
+A feature drafter reads the verifier's tapped hidden states of every committed token (``taps * H`` numbers per token,
+1,728 for SmolLM2 with three taps). They travel as raw bytes in a 2-byte float (``float16`` by default: 3.4 KB per
+token) with their first row's index, so a call carries only the rows its receiver lacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+WIRE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}  # numpy-able carriers
+
+
+@dataclass(frozen=True)
+class FeatureRows:
+    """Rows ``start .. start + rows - 1`` of a session's features [n, width], as bytes in ``dtype``."""
+
+    start: int
+    rows: int
+    width: int
+    dtype: str
+    data: bytes
+
+    @classmethod
+    def encode(cls, features: torch.Tensor, start: int, dtype: str = "float16") -> FeatureRows:
+        """features [k, width] (any float dtype) -> rows ``start .. start + k - 1`` on the wire."""
+        if dtype not in WIRE_DTYPES:
+            raise ValueError(f"feature wire dtype must be one of {sorted(WIRE_DTYPES)}, got {dtype!r}")
+        wire = WIRE_DTYPES[dtype]
+        t = features.detach().to("cpu", wire).contiguous()
+        if dtype == "float16" and not torch.isfinite(t).all() and torch.isfinite(features).all():
+            raise ValueError("verifier features overflow float16 (|x| > 65504); serve with verifier.feature_dtype="
+                             "bfloat16 or float32")
+        return cls(int(start), int(t.shape[0]), int(t.shape[1]), dtype, t.view(_VIEW[wire]).numpy().tobytes())
+
+    def decode(self) -> torch.Tensor:
+        """-> [rows, width] in the wire dtype."""
+        wire = WIRE_DTYPES[self.dtype]
+        if not self.rows:
+            return torch.zeros(0, self.width, dtype=wire)
+        flat = torch.frombuffer(bytearray(self.data), dtype=_VIEW[wire])
+        return flat.view(wire).view(self.rows, self.width)
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.rows
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True)
+class NeedFeatures:
+    """A drafter replica's answer when it lacks rows before a call's ``start`` (a new replica, an evicted session):
+    send again from ``have`` (0: from the first token)."""
+
+    have: int
