@@ -114,7 +114,8 @@ def run_stage(label: str, config: Path, overrides: list[str], log: Path, teacher
     began = time.perf_counter()
     seen = set()  # Ray may echo a worker's line twice
     keep = LogFilter()
-    with log.open("a") as out, tqdm(total=None, desc=label, unit="step", dynamic_ncols=True) as bar:
+    with log.open("a", buffering=1) as out, tqdm(  # line-buffered: `tail -f` shows it as it comes
+            total=None, desc=label, unit="step", dynamic_ncols=True) as bar:
         bar.set_postfix_str("starting Ray, teacher / held-out trajectories")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         out.write(f"# {' '.join(cmd)}\n# progress bars and repeated lines are left out here; Ray's own logs: "
