@@ -79,6 +79,11 @@ class SyncDrafter:
     def propose(self, prefix, gamma):
         return self.drafter.propose_batch([prefix], gamma)[0]
 
+    def draft(self, prefix, spec, seed):
+        from specdiff.serving.servers import DrafterServer
+
+        return DrafterServer(self.drafter).draft(prefix, spec, seed)
+
 
 # -- local reference ---------------------------------------------------------------------------------------------
 

@@ -234,7 +234,7 @@ def test_verifier_call_is_retried(ref):
     got = decoder.generate(prompt, **options)
     want = SpeculativeDecoder(ref.drafter, ref.verifier).generate(prompt, **options)
     assert got.tokens == want.tokens
-    assert flaky.calls.count("score") == got.stats.verifier_calls + 2
+    assert flaky.calls.count("verify") == got.stats.verifier_calls + 2
 
 
 def test_verifier_gives_up_after_retries(ref):
@@ -249,7 +249,7 @@ def test_verifier_user_errors_are_not_retried(ref):
     decoder, _ = _remote_decoder(ref, FakeHandle(SyncDrafter(ref.drafter)), flaky, retries=2)
     with pytest.raises(ValueError, match="bad tree"):
         decoder.generate([1, 2], max_new_tokens=4, spec=FIXED, seed=0)
-    assert flaky.calls.count("score") == 1
+    assert flaky.calls.count("verify") == 1
 
 
 # -- the Router's own disconnect watch (Serve's cancellation is best effort) -------------------------------------------

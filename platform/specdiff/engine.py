@@ -3,7 +3,10 @@
 One round: the drafter proposes marginals for a window of gamma positions (one pass); K candidates are sampled at
 the draft temperature and merged into a trie; the verifier scores the trie in one pass (that pass is also the
 verification pass); the candidate with the highest expected streak is verified; the accepted tokens plus one
-recovered-or-bonus token are emitted and committed to the verifier's KV cache.
+recovered-or-bonus token are emitted and committed to the verifier's KV cache. The round is two halves
+(``specdiff.rounds``): drafting (marginals -> candidates) and verifying (trie -> selection -> acceptance -> commit),
+each drawing from its own per-round stream derived from the decode's seed, so a served decode can run each half on
+the replica that holds its probabilities and still equal the in-process decode.
 
 With ``SpecConfig.gamma`` / ``num_candidates`` left at None, a ``SpeculationPolicy`` (``policy``) picks them per
 round from the decode's own acceptance history and a cost model measured once per decoder, and takes plain steps
@@ -20,14 +23,11 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .acceptance import greedy_accept, speculative_accept
+from . import rounds as R
 from .config import SamplingParams, SpecConfig
 from .drafter import Drafter, DrafterUnavailable
 from .policy import SpeculationCosts, SpeculationPolicy, calibrate
-from .sampling import sample, target_probs
-from .selection import sample_candidates, select
 from .stats import DecodeStats
-from .tree import build_tree, chain
 from .verifier import Verifier, VerifierSession
 
 
@@ -140,14 +140,12 @@ class DecodeStream:
         return self.result()
 
 
-def _plain_step(session: VerifierSession, sampling: SamplingParams, gen, stats: DecodeStats) -> list[int]:
+def _plain_step(session: VerifierSession, sampling: SamplingParams, base: int, stats: DecodeStats) -> list[int]:
     t0 = time.perf_counter()
-    logp = session.score(chain(session.tokens[-1], []))
+    out = R.rounds_of(session).step(sampling, R.round_seed(base, R.position(session.tokens), R.VERIFY))
     stats.verifier_s += time.perf_counter() - t0
-    token = int(sample(target_probs(logp[0], sampling), gen))
-    session.commit([], token)
     stats.record_plain_step()
-    return [token]
+    return out.tokens
 
 
 def _room(session: VerifierSession, max_context: int | None) -> int:
@@ -203,7 +201,10 @@ class SpeculativeDecoder:
         self.verifier = verifier
         self.decode = decode
         self.costs = costs
-        self._propose = self._propose_plain
+        # The drafting half: a served drafter samples its candidates on its replica (``draft``); an in-process one
+        # proposes marginals, sampled here. Chosen once.
+        self._draft = self._draft_remote if hasattr(drafter, "draft") else self._draft_local
+        self._features = False
         if getattr(drafter, "needs_features", False):
             wanted, have = tuple(drafter.tap_layers), tuple(getattr(verifier, "tap_layers", None) or ())
             if wanted != have:
@@ -211,14 +212,18 @@ class SpeculativeDecoder:
                     f"the drafter reads the verifier's layers {list(wanted)}, but the verifier taps {list(have)}; "
                     f"build it with tap_layers={list(wanted)} (e.g. HFVerifier(model, tap_layers=...))"
                 )
-            self._propose = self._propose_with_features
+            self._features = True
 
-    def _propose_plain(self, session: VerifierSession, gamma: int) -> torch.Tensor:
-        return self.drafter.propose(session.tokens, gamma)
+    def _draft_local(self, session: VerifierSession, spec: SpecConfig, seed: int) -> R.Draft:
+        if self._features:  # the verifier's tapped states of every committed token: the feature drafter's context
+            marginals = self.drafter.propose(session.tokens, spec.gamma, session.features)  # [gamma, V]
+        else:
+            marginals = self.drafter.propose(session.tokens, spec.gamma)
+        return R.draft(marginals, spec, R.round_generator(seed))
 
-    def _propose_with_features(self, session: VerifierSession, gamma: int) -> torch.Tensor:
-        # The verifier's tapped states of every committed token: the feature drafter's context.
-        return self.drafter.propose(session.tokens, gamma, session.features)
+    def _draft_remote(self, session: VerifierSession, spec: SpecConfig, seed: int) -> R.Draft:
+        features = session.features if self._features else None
+        return self.drafter.draft(session.tokens, spec, seed, features)
 
     def generate(
         self,
@@ -264,6 +269,7 @@ class SpeculativeDecoder:
 
     def _rounds(self, prompt, stopper: _Stopper, sampling, spec: SpecConfig, gen, stats: DecodeStats):
         policy: SpeculationPolicy | None = None
+        base = R.draw_base_seed(gen)  # every round's streams derive from it (specdiff.rounds)
 
         def step(session: VerifierSession, room: int) -> list[int]:
             nonlocal policy
@@ -276,11 +282,12 @@ class SpeculativeDecoder:
             if gamma < 1:
                 if window == 0:
                     stats.policy_plain_steps += 1
-                return _plain_step(session, sampling, gen, stats)
+                return _plain_step(session, sampling, base, stats)
+            round_spec = replace(spec, gamma=gamma, num_candidates=k)
             if policy is None:
-                return self._round(session, gamma, sampling, spec, gen, stats)
+                return self._round(session, sampling, round_spec, base, stats)
             rounds, accepted, nodes = stats.rounds, stats.accepted, stats.tree_nodes
-            out = self._round(session, gamma, sampling, replace(spec, gamma=gamma, num_candidates=k), gen, stats)
+            out = self._round(session, sampling, round_spec, base, stats)
             if stats.rounds > rounds:  # not a drafter fallback
                 policy.observe(gamma, k, stats.accepted - accepted, stats.tree_nodes - nodes)
             return out
@@ -296,38 +303,24 @@ class SpeculativeDecoder:
             stats.calibration_s += time.perf_counter() - t0
         return self.costs
 
-    def _round(self, session: VerifierSession, gamma: int, sampling, spec: SpecConfig, gen, stats) -> list[int]:
+    def _round(self, session: VerifierSession, sampling, spec: SpecConfig, base: int, stats) -> list[int]:
+        """One round with the window ``spec.gamma`` and ``spec.num_candidates`` candidates."""
+        pos = R.position(session.tokens)
         t0 = time.perf_counter()
         try:
-            marginals = self._propose(session, gamma)  # [gamma, V]
+            draft = self._draft(session, spec, R.round_seed(base, pos, R.DRAFT))  # candidates [K, gamma]
         except DrafterUnavailable:
-            # A verifier-only step samples from p itself, so the output stays exact; nothing was drawn from gen yet.
+            # A verifier-only step samples from p itself, so the output stays exact.
             stats.drafter_s += time.perf_counter() - t0
             stats.fallbacks += 1
-            return _plain_step(session, sampling, gen, stats)
+            return _plain_step(session, sampling, base, stats)
         t1 = time.perf_counter()
-        candidates, draft_probs = sample_candidates(
-            marginals, spec.num_candidates, spec.draft_temperature, gen, spec.draft_top_k,
-            include_argmax=spec.include_argmax and spec.acceptance == "greedy",
-        )
-        tree = build_tree(session.tokens[-1], candidates)
-        logp = session.score(tree)  # [N+1, V]
+        # Trie, scores, self-selection, acceptance and commit: wherever the session's log-probs live.
+        out = R.rounds_of(session).verify(draft, sampling, spec, R.round_seed(base, pos, R.VERIFY))
         stats.drafter_s += t1 - t0
         stats.verifier_s += time.perf_counter() - t1
-        probs = target_probs(logp, sampling)  # [N+1, V]
-        best = select(tree, probs)[0] if tree.candidates.shape[0] > 1 else 0
-        path = tree.paths[best]  # [gamma] node indices
-        draft = tree.candidates[best]  # [gamma]
-        path_probs = probs[torch.cat([torch.zeros(1, dtype=torch.long), path])]  # [gamma+1, V]
-        if spec.acceptance == "speculative":
-            verdict = speculative_accept(draft, path_probs, draft_probs, gen)
-        else:
-            verdict = greedy_accept(draft, path_probs, gen)
-        session.commit(path[: verdict.num_accepted].tolist(), verdict.next_token)
-        stats.record_round(
-            gamma, verdict.num_accepted, tree.candidates.shape[0], tree.num_nodes - 1, spec.num_candidates
-        )
-        return verdict.emitted(draft.tolist())
+        stats.record_round(spec.gamma, out.num_accepted, out.candidates, out.tree_nodes, spec.num_candidates)
+        return out.tokens
 
 
 def stream_plain(
@@ -347,10 +340,10 @@ def stream_plain(
     fallback."""
     stopper = _Stopper(max_new_tokens, stop_token_ids, stop_strings, decode)
     stats = stats if stats is not None else DecodeStats()
-    gen = make_generator(seed, generator)
+    base = R.draw_base_seed(make_generator(seed, generator))
 
     def step(session: VerifierSession, room: int) -> list[int]:
-        return _plain_step(session, sampling, gen, stats)
+        return _plain_step(session, sampling, base, stats)
 
     return DecodeStream(_decode_loop(verifier, prompt, stopper, stats, step), stopper, stats)
 

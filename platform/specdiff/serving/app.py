@@ -90,7 +90,7 @@ class DrafterDeployment(_FollowsPair, DrafterServer):
         super().__init__(functools.partial(load_drafter, resolved), max_sessions=options.max_sessions,
                          cache_budget_mb=options.cache_budget_mb)
         self._follow(models, label, load_drafter)
-        for method in (self.propose, self.propose_features):
+        for method in (self.propose, self.propose_features, self.draft, self.draft_features):
             method.set_max_batch_size(options.max_batch_size)
             method.set_batch_wait_timeout_s(options.batch_wait_timeout_s)
 
@@ -98,6 +98,16 @@ class DrafterDeployment(_FollowsPair, DrafterServer):
     async def propose(self, prefixes: list[list[int]], gammas: list[int]) -> list:
         """Called per prefix; Serve hands it the calls queued meanwhile as lists, answered by one batched forward."""
         return await asyncio.to_thread(self.propose_many, prefixes, gammas)
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.004)
+    async def draft(self, prefixes: list[list[int]], specs: list, seeds: list[int]) -> list:
+        """A round's drafting half per prefix: K candidates sampled here from the batched marginals."""
+        return await asyncio.to_thread(self.draft_many, prefixes, specs, seeds)
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.004)
+    async def draft_features(self, session_ids, anchors, ns, rows, specs, seeds) -> list:
+        """Feature drafter: ``draft`` per session (routed by its id to this replica's draft cache), batched."""
+        return await asyncio.to_thread(self.draft_features_many, session_ids, anchors, ns, rows, specs, seeds)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.004)
     async def propose_features(self, session_ids, anchors, ns, gammas, rows) -> list:

@@ -1,23 +1,27 @@
 """The engine's drafter and verifier roles over Serve deployment handles.
 
-``SpeculativeDecoder`` runs unchanged over these adapters, so the served path uses the very same round logic
-(selection, acceptance, stopping) as a local decode. The handles are called synchronously (``.result()``); the
-router runs each decode loop in a worker thread.
+``SpeculativeDecoder`` runs unchanged over these adapters; each half of a round (``specdiff.rounds``) runs on the
+replica that holds its probabilities, so a round sends token ids, not distributions: the drafter replica returns K
+candidates sampled from its marginals, the verifier replica builds the trie, scores it, selects, accepts, commits
+and returns the emitted tokens. Both draw from per-round streams the router derives from the request's seed, so
+the served output for a seed is the in-process output for that seed. The handles are called synchronously
+(``.result()``); the router runs each decode loop in a worker thread.
 
 - ``RemoteDrafter``: a drafter call that fails or exceeds ``timeout_s`` raises ``DrafterUnavailable``, on which the
-  engine takes a verifier-only step (exact) and counts a fallback. After a failure the drafter is skipped for
-  ``cooldown_s``, so a dead pool costs one timeout, not one per round.
+  engine takes a verifier-only step (exact, sampled on the verifier replica) and counts a fallback. After a failure
+  the drafter is skipped for ``cooldown_s``, so a dead pool costs one timeout, not one per round.
 - ``RemoteVerifier``: one per request. Every call carries the session id (Serve's consistent-hash router sends all
-  calls of a session to the replica that holds its KV cache), the full token list (a replica without the session
-  recomputes it) and the previous round's commit (one round trip per round). Failed calls are retried.
+  calls of a session to the replica that holds its KV cache) and the session's length + digest (``TokenSync``); the
+  token list itself travels once (the prompt), or again when a replica lacks the session (``NeedTokens``: it then
+  recomputes the prefix). Failed calls are retried; a retry draws the same numbers, so it cannot change the output.
 
-Feature drafters (the verifier replica taps layers): each ``score`` also returns the tapped features of the tree's
-nodes from the same forward pass; ``commit`` keeps the committed nodes' rows in the session's ``RemoteFeatures``,
-and the next drafter call carries just those rows (``FeatureRows``, float16 bytes), routed by session id to the
-drafter replica that holds the session's draft cache. A drafter replica that lacks earlier rows (new, restarted, or
-evicted the session) answers ``NeedFeatures``; the router then reads the whole prefix's rows from the verifier
-replica, which keeps them with the KV cache (or recomputes them with the prefix), and sends them once. The first
-round of a request works the same way (its prompt's rows come from the verifier's prefill).
+Feature drafters (the verifier replica taps layers): each ``verify`` also returns the tapped features of the
+committed nodes (root + accepted) from the scoring pass; the session keeps them in its ``RemoteFeatures``, and the
+next drafter call carries just those rows (``FeatureRows``, float16 bytes), routed by session id to the drafter
+replica that holds the session's draft cache. A drafter replica that lacks earlier rows (new, restarted, or evicted
+the session) answers ``NeedFeatures``; the router then reads the whole prefix's rows from the verifier replica,
+which keeps them with the KV cache (or recomputes them with the prefix), and sends them once. The first round of a
+request works the same way (its prompt's rows come from the verifier's prefill).
 """
 
 from __future__ import annotations
@@ -33,9 +37,9 @@ from ray import exceptions as ray_errors
 from ray.serve import exceptions as serve_errors
 
 from ..drafter import DrafterUnavailable
-from ..tree import TokenTree
+from ..rounds import Draft, Outcome
 from .metrics import NullMetrics
-from .wire import FeatureRows, NeedFeatures
+from .wire import FeatureRows, NeedFeatures, NeedTokens, TokenSync
 
 logger = logging.getLogger(__name__)
 
@@ -68,29 +72,39 @@ class RemoteDrafter:
         self._lock = threading.Lock()
 
     def propose(self, prefix: Sequence[int], gamma: int, features=None) -> torch.Tensor:
+        """Marginals [gamma, V] (the adaptive policy's calibration; rounds call ``draft``)."""
         if self.needs_features:
-            return self._propose_features(prefix, gamma, features)
+            if not isinstance(features, RemoteFeatures):  # a plain tensor (calibration): one stateless call
+                n = len(prefix) - 1
+                if features is None or features.shape[0] != n:
+                    raise ValueError(f"a feature drafter needs features of the prefix's first {n} tokens, got "
+                                     f"{None if features is None else tuple(features.shape)}")
+                rows = FeatureRows.encode(features, 0, "float32") if n else None
+                return self._call(self.handle, "propose_features", None, int(prefix[-1]), n, gamma, rows)
+            return self._with_rows(prefix, features, lambda h, sid, anchor, n, rows: self._call(
+                h, "propose_features", sid, anchor, n, gamma, rows))
         return self._call(self.handle, "propose", list(prefix), gamma)  # [gamma, V]
 
-    def _propose_features(self, prefix: Sequence[int], gamma: int, features) -> torch.Tensor:
+    def draft(self, prefix: Sequence[int], spec, seed: int, features=None) -> Draft:
+        """The drafting half of a round on a drafter replica: K candidates [K, gamma] sampled there from the
+        round's drafting stream ``seed`` (``specdiff.rounds``); its marginals stay there."""
+        if self.needs_features:
+            return self._with_rows(prefix, features, lambda h, sid, anchor, n, rows: self._call(
+                h, "draft_features", sid, anchor, n, rows, spec, seed))
+        return self._call(self.handle, "draft", list(prefix), spec, seed)
+
+    def _with_rows(self, prefix: Sequence[int], features: RemoteFeatures, call):
+        """A feature drafter call with the rows its replica lacks: normally the last round's committed ones."""
         n = len(prefix) - 1  # context rows: every token but the pending one (the anchor)
-        if not isinstance(features, RemoteFeatures):  # a plain tensor (calibration): one stateless call
-            if features is None or features.shape[0] != n:
-                raise ValueError(f"a feature drafter needs features of the prefix's first {n} tokens, got "
-                                 f"{None if features is None else tuple(features.shape)}")
-            rows = FeatureRows.encode(features, 0, "float32") if n else None
-            return self._call(self.handle, "propose_features", None, int(prefix[-1]), n, gamma, rows)
         if len(features) != n:
             raise ValueError(f"features cover {len(features)} tokens, the prefix has {n} before its pending token")
         self._cooling_down()
         handle = self.handle.options(session_id=features.session_id)  # the replica holding its draft cache
         features.drafter_close = lambda: handle.close.remote(features.session_id)
-        out = self._call(handle, "propose_features", features.session_id, int(prefix[-1]), n, gamma,
-                         features.rows(features.drafter_has))
+        out = call(handle, features.session_id, int(prefix[-1]), n, features.rows(features.drafter_has))
         if isinstance(out, NeedFeatures):  # that replica lacks earlier rows: send them from where it stands
             self.metrics.drafter_cache_miss()
-            out = self._call(handle, "propose_features", features.session_id, int(prefix[-1]), n, gamma,
-                             features.rows(out.have))
+            out = call(handle, features.session_id, int(prefix[-1]), n, features.rows(out.have))
             if isinstance(out, NeedFeatures):
                 raise DrafterUnavailable(f"drafter replica lost session {features.session_id} twice in one round")
         features.acknowledge(n)
@@ -228,24 +242,31 @@ class RemoteVerifier:
 
 
 class RemoteVerifierSession:
+    """A verifier session held by a replica: rounds run there (``verify`` / ``step``, the engine's verifying half);
+    this side keeps the token list, from the tokens each call returns."""
+
     def __init__(self, verifier: RemoteVerifier, prompt: list[int]):
         self.verifier = verifier
         self.id = uuid.uuid4().hex
         self.handle = verifier.handle.options(session_id=self.id)  # routed by Serve's consistent-hash router
         self.tokens = list(prompt)
-        self._scored: TokenTree | None = None
-        self._commit: tuple[list[int], int] | None = None
-        self._tree_rows: FeatureRows | None = None
+        self._synced = False  # the replica was sent the tokens once (the first call carries the prompt)
         self.features = RemoteFeatures(self) if verifier.tap_layers else None
 
     def _call(self, method: str, *args):
-        """A verifier call with the session's pending commit, retried on failures of the machinery."""
+        """A verifier call at the session's state, retried on failures of the machinery; a replica that lacks the
+        session (``NeedTokens``) is sent the whole token list once."""
         v = self.verifier
+        full = not self._synced
         for attempt in range(v.retries + 1):
             t0 = time.perf_counter()
-            response = getattr(self.handle, method).remote(self.id, self.tokens, self._commit, *args)
+            response = getattr(self.handle, method).remote(self.id, TokenSync.of(self.tokens, full), *args)
             try:
                 out = response.result(timeout_s=v.timeout_s)
+                if isinstance(out, NeedTokens) and not full:
+                    full = True
+                    response = getattr(self.handle, method).remote(self.id, TokenSync.of(self.tokens, True), *args)
+                    out = response.result(timeout_s=v.timeout_s)
                 break
             except RETRYABLE as err:
                 if isinstance(err, TimeoutError):
@@ -255,32 +276,27 @@ class RemoteVerifierSession:
                 v.metrics.verifier_retry()
                 logger.warning("verifier call failed (%s); retry %d/%d", type(err).__name__, attempt + 1, v.retries)
                 time.sleep(0.05 * 2**attempt)
+        if isinstance(out, NeedTokens):
+            raise RuntimeError(f"verifier replica asked for the tokens of session {self.id} after it was sent them")
         v.metrics.verifier_latency(time.perf_counter() - t0)
-        self._commit = None  # delivered
+        self._synced = True
         return out
 
-    def score(self, tree: TokenTree) -> torch.Tensor:
-        if self.features is None:
-            logp = self._call("score", tree)  # [N+1, V]
-        else:
-            logp, self._tree_rows = self._call("score_with_features", tree)  # rows [N+1, taps*H]
-        self._scored = tree
-        return logp
+    def verify(self, draft: Draft, sampling, spec, seed: int) -> Outcome:
+        """A round's verifying half on the replica: only the emitted tokens (and committed feature rows) return."""
+        return self._advance(self._call("verify", draft, sampling, spec, seed))
+
+    def step(self, sampling, seed: int) -> Outcome:
+        """A plain (verifier-only) step, sampled on the replica."""
+        return self._advance(self._call("verify", None, sampling, None, seed))
+
+    def _advance(self, result: tuple[Outcome, FeatureRows | None]) -> Outcome:
+        out, rows = result
+        if self.features is not None:  # the root (the old pending token) and the accepted nodes, now committed
+            self.features.append(rows.decode(), rows.start, rows.dtype)
+        self.tokens.extend(out.tokens)
+        return out
 
     def fetch_features(self, start: int) -> FeatureRows:
         """Features of tokens start .. len(tokens)-2, read from the verifier replica (prefilled there if needed)."""
-        if self._scored is not None:
-            raise RuntimeError("fetch_features() between score() and commit(); commit first")
         return self._call("features", start)
-
-    def commit(self, path: Sequence[int], next_token: int) -> None:
-        if self._scored is None:
-            raise RuntimeError("commit() needs a scored tree; call score() first")
-        path = [int(i) for i in path]
-        if self.features is not None:  # the root (the old pending token) and the accepted nodes are committed
-            rows = self._tree_rows
-            self.features.append(rows.decode()[[0, *path]], rows.start, rows.dtype)
-            self._tree_rows = None
-        self.tokens.extend(int(self._scored.tokens[i]) for i in path)
-        self.tokens.append(int(next_token))
-        self._commit, self._scored = (path, int(next_token)), None  # sent with the next call

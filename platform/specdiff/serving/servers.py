@@ -1,15 +1,20 @@
 """The drafter and verifier replicas as plain classes, with the model injected (testable without Serve).
 
-- ``DrafterServer``: prefix -> marginals; ``propose_many`` runs a batch of calls (one forward per window size). The
-  Serve deployment (``app.DrafterDeployment``) feeds it concurrent calls through ``serve.batch``. A standalone
-  drafter is stateless. A feature drafter (``needs_features``) keeps one draft cache per session (the context's
-  keys/values, LRU-bounded like the verifier's): each call brings only the feature rows the replica lacks; a replica
-  without them answers ``NeedFeatures`` and the router sends the whole prefix's rows (docs/serve.md).
-- ``VerifierServer``: tree scoring over per-session KV caches, LRU-bounded by a session count and a memory budget.
-  Each call carries the session's full token list, so a replica that lacks the session (evicted, restarted, or a
-  new replica after a re-route) recomputes the prefix and stays exact. A verifier with tap layers also returns the
-  tapped features of the scored tree's nodes (from the same forward pass) and keeps every committed token's, so
-  a drafter replica that lost a session can be given the whole prefix's rows again (``features``).
+Each replica runs its half of a round where its probabilities live (``specdiff.rounds``), so only token ids travel:
+
+- ``DrafterServer``: ``draft_many``: prefix -> marginals -> K candidates [K, gamma] sampled here from the round's
+  drafting stream; concurrent calls batched (one forward per window size) by the Serve deployment
+  (``app.DrafterDeployment``, ``serve.batch``). A standalone drafter is stateless. A feature drafter
+  (``needs_features``) keeps one draft cache per session (the context's keys/values, LRU-bounded like the
+  verifier's): each call brings only the feature rows the replica lacks; a replica without them answers
+  ``NeedFeatures`` and the router sends the whole prefix's rows (docs/serve.md). ``propose*`` return the marginals.
+- ``VerifierServer``: ``verify``: trie, scores, self-selection, acceptance and commit over per-session KV caches
+  (LRU-bounded by a session count and a memory budget); returns the emitted tokens. Calls carry the session's
+  length and digest (``TokenSync``); a replica that lacks the session at that state (evicted, restarted, a new
+  replica after a re-route) answers ``NeedTokens`` and is sent the tokens once, recomputes the prefix and stays
+  exact. A verifier with tap layers also returns the committed nodes' tapped features (from the scoring pass) and
+  keeps every committed token's, so a drafter replica that lost a session can be given the whole prefix's rows
+  again (``features``).
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from typing import Callable, Sequence
 
 import torch
 
+from .. import rounds
+from ..config import SamplingParams, SpecConfig
 from ..drafter import Drafter
 from ..tree import TokenTree
 from ..verifier import HFVerifierSession, Verifier
-from .wire import FeatureRows, NeedFeatures
+from .wire import FeatureRows, NeedFeatures, NeedTokens, TokenSync, token_digest
 
 
 def _build(obj, kind):
@@ -88,6 +95,28 @@ class DrafterServer:
             for i, m in zip(rows, marginals):
                 out[i] = m.clone()
         return out
+
+    def draft(self, prefix: list[int], spec: SpecConfig, seed: int) -> rounds.Draft:
+        """One round's drafting half (unbatched; the deployment batches)."""
+        return self.draft_many([prefix], [spec], [seed])[0]
+
+    def draft_features(self, session_id: str | None, anchor: int, n: int, rows: FeatureRows | None,
+                       spec: SpecConfig, seed: int) -> rounds.Draft | NeedFeatures:
+        """``draft`` for a feature drafter (``propose_features``' session, anchor, position and rows)."""
+        return self.draft_features_many([session_id], [anchor], [n], [rows], [spec], [seed])[0]
+
+    def draft_many(self, prefixes: Sequence[Sequence[int]], specs: Sequence[SpecConfig],
+                   seeds: Sequence[int]) -> list[rounds.Draft]:
+        """The drafting half of a batch of rounds: marginals (one forward per window size), then each call's K
+        candidates sampled here from its own round stream (``seeds``); only the candidates leave the replica."""
+        marginals = self.propose_many(prefixes, [s.gamma for s in specs])
+        return [rounds.draft(m, s, rounds.round_generator(seed)) for m, s, seed in zip(marginals, specs, seeds)]
+
+    def draft_features_many(self, session_ids, anchors, ns, rows, specs, seeds) -> list[rounds.Draft | NeedFeatures]:
+        """``draft_many`` for a feature drafter (``propose_features_many``'s arguments, windows from ``specs``)."""
+        out = self.propose_features_many(session_ids, anchors, ns, [s.gamma for s in specs], rows)
+        return [m if isinstance(m, NeedFeatures) else rounds.draft(m, s, rounds.round_generator(seed))
+                for m, s, seed in zip(out, specs, seeds)]
 
     def propose_features(self, session_id: str | None, anchor: int, n: int, gamma: int,
                          rows: FeatureRows | None) -> torch.Tensor | NeedFeatures:
@@ -215,67 +244,68 @@ class VerifierServer:
             self.generation += 1
             self._sessions.clear()
 
-    def score(
-        self,
-        session_id: str,
-        tokens: list[int],
-        commit: tuple[list[int], int] | None,
-        tree: TokenTree,
-    ) -> torch.Tensor:
-        """Log-probs [N+1, V] at every node of ``tree`` after the session's ``tokens``.
+    def verify(self, session_id: str, sync: TokenSync, draft: rounds.Draft | None, sampling: SamplingParams,
+               spec: SpecConfig | None, seed: int) -> tuple[rounds.Outcome, FeatureRows | None] | NeedTokens:
+        """The verifying half of a round on the session at ``sync`` (``draft`` None: a plain step): trie, scores,
+        self-selection, acceptance and commit all run here, from the round stream ``seed``. Returns what the router
+        needs: the emitted tokens (``Outcome``) and, with tap layers, the committed nodes' features (root + accepted
+        nodes, the feature drafter's next rows); or ``NeedTokens`` when this replica lacks the session at ``sync``.
+        A retried call finds the session advanced, asks for the tokens, rebuilds and draws the same numbers again."""
+        with self._session(session_id, sync) as entry:
+            if entry is None:
+                return NeedTokens()
+            start = len(entry.session.tokens) - 1  # the root's position
+            out = rounds.verify(entry.session, draft, sampling, spec, rounds.round_generator(seed))
+            rows = None
+            if entry.session.features is not None:
+                committed = entry.session.features[start:]  # root + accepted nodes, appended by the commit
+                rows = FeatureRows.encode(committed, start, self.feature_dtype)
+            return out, rows
 
-        ``commit`` = (path, next_token) settles the tree this session scored last; ``tokens`` is the state after it.
-        The session is taken out of the LRU while in use, so an overlapping retry builds its own and cannot corrupt
-        this one.
-        """
-        with self._session(session_id, tokens, commit) as entry:
+    def score(self, session_id: str, tokens: list[int], commit: tuple[list[int], int] | None,
+              tree: TokenTree) -> torch.Tensor:
+        """Log-probs [N+1, V] at every node of ``tree`` after the session's ``tokens``: the whole distribution,
+        for callers that select and accept themselves (not the router, which calls ``verify``). ``commit`` =
+        (path, next_token) settles the tree this session scored last; ``tokens`` is the state after it."""
+        with self._session(session_id, TokenSync.of(tokens, full=True), commit) as entry:
             logp = entry.session.score(tree)
             entry.scored = True
             return logp
 
-    def score_with_features(
-        self,
-        session_id: str,
-        tokens: list[int],
-        commit: tuple[list[int], int] | None,
-        tree: TokenTree,
-    ) -> tuple[torch.Tensor, FeatureRows]:
-        """``score``, plus the tapped features of the tree's N+1 nodes from the same forward pass (row i: node i;
-        the router keeps the committed ones for the drafter)."""
-        with self._session(session_id, tokens, commit) as entry:
-            logp = entry.session.score(tree)
-            entry.scored = True
-            nodes = entry.session.tree_features  # [N+1, taps*H]
-            return logp, FeatureRows.encode(nodes, len(tokens) - 1, self.feature_dtype)
-
-    def features(self, session_id: str, tokens: list[int], commit: tuple[list[int], int] | None,
-                 start: int) -> FeatureRows:
-        """The session's features of tokens ``start .. len(tokens) - 2`` (all committed tokens but the pending
-        one): what a drafter replica that lost the session needs. A replica without the session prefills it (the
-        prefill the next ``score`` would do anyway)."""
-        with self._session(session_id, tokens, commit) as entry:
+    def features(self, session_id: str, sync: TokenSync, start: int) -> FeatureRows | NeedTokens:
+        """The session's features of tokens ``start .. n - 2`` (all committed tokens but the pending one): what a
+        drafter replica that lost the session needs. A replica without the session asks for the tokens and
+        prefills it (the prefill the next ``verify`` would do anyway)."""
+        with self._session(session_id, sync) as entry:
+            if entry is None:
+                return NeedTokens()
             if entry.session.features is None:
                 raise ValueError("this verifier taps no layers, so it has no features (the drafter is not a "
                                  "feature drafter)")
             return FeatureRows.encode(entry.session.features[start:], start, self.feature_dtype)
 
     @contextlib.contextmanager
-    def _session(self, session_id: str, tokens: list[int], commit: tuple[list[int], int] | None):
-        """The session's entry at state ``tokens`` (after applying ``commit``), recomputed on a miss; out of the
-        LRU while in use, put back after a call that did not fail."""
+    def _session(self, session_id: str, sync: TokenSync, commit: tuple[list[int], int] | None = None):
+        """The session's entry at state ``sync`` (after applying ``commit``), rebuilt from ``sync.tokens`` on a
+        miss, None on a miss without tokens; out of the LRU while in use, put back after a call that did not
+        fail."""
         with self._lock:
             entry = self._sessions.pop(session_id, None)
-            busy = self._busy.setdefault(session_id, [0, len(tokens)])
+            busy = self._busy.setdefault(session_id, [0, sync.n])
             busy[0] += 1
         keep = False
         try:
             if entry is not None and entry.scored and commit is not None:
                 entry.session.commit(commit[0], commit[1])
                 entry.scored = False
-            if entry is None or entry.scored or entry.session.tokens != tokens or entry.generation != self.generation:
+            if (entry is None or entry.scored or entry.generation != self.generation
+                    or len(entry.session.tokens) != sync.n or token_digest(entry.session.tokens) != sync.digest):
                 # Miss (never seen, evicted, this replica lost track, or a swap replaced the model): recompute.
                 self.counts["misses"] += 1
-                entry = _Entry(self.verifier.start(tokens), scored=False, nbytes=0, generation=self.generation)
+                if sync.tokens is None:
+                    yield None
+                    return
+                entry = _Entry(self.verifier.start(sync.tokens), scored=False, nbytes=0, generation=self.generation)
             else:
                 self.counts["hits"] += 1
             yield entry

@@ -1,4 +1,5 @@
-"""What travels between the replicas and the router besides tokens: tapped verifier features, compactly.
+"""What travels between the replicas and the router besides token ids: tapped verifier features, compactly, and the
+token-list sync of a verifier session (length + digest; the list itself only when a replica must rebuild).
 
 A feature drafter reads the verifier's tapped hidden states of every committed token (``taps * H`` numbers per token,
 1,728 for SmolLM2 with three taps). They travel as raw bytes in a 2-byte float (``float16`` by default: 3.4 KB per
@@ -7,7 +8,10 @@ token) with their first row's index, so a call carries only the rows its receive
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -60,3 +64,29 @@ class NeedFeatures:
     send again from ``have`` (0: from the first token)."""
 
     have: int
+
+
+def token_digest(tokens: Sequence[int]) -> int:
+    """A 64-bit digest of a token list: router and verifier replica compare it (with the length) to agree on a
+    session's tokens without sending them."""
+    return int.from_bytes(hashlib.blake2b(array("q", tokens).tobytes(), digest_size=8).digest(), "little")
+
+
+@dataclass(frozen=True)
+class TokenSync:
+    """The router's view of a verifier session's tokens, sent with every call: its length and digest, plus the
+    tokens themselves only when the replica must (re)build the session (the first call, or after ``NeedTokens``)."""
+
+    n: int
+    digest: int
+    tokens: list[int] | None = None
+
+    @classmethod
+    def of(cls, tokens: Sequence[int], full: bool = False) -> TokenSync:
+        return cls(len(tokens), token_digest(tokens), list(tokens) if full else None)
+
+
+@dataclass(frozen=True)
+class NeedTokens:
+    """A verifier replica's answer when it does not hold the session at the router's state (new, restarted,
+    evicted, or a retried call that already advanced it): send the full tokens."""
