@@ -65,5 +65,5 @@ def overfit_feature_drafter(model, sequences: list[list[int]], prompt_lengths: l
         loss.backward()
         opt.step()
     model_.eval()
-    drafter.final_loss = float(loss)
+    drafter.final_loss = float(loss.detach())
     return drafter
