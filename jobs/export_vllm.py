@@ -1,0 +1,57 @@
+"""Write a feature drafter in the layout vLLM loads for speculative method ``dflash`` (see docs/vllm.md).
+
+    python jobs/export_vllm.py ~/.cache/specdiff/drafters/default /tmp/drafter-vllm
+    python jobs/export_vllm.py DRAFTER_DIR OUT_DIR --verifier /path/to/hf/folder --full-vocab
+
+Then, in a virtualenv with vLLM (README: "vLLM engine (optional)"):
+
+    LLM(model=VERIFIER_DIR, speculative_config={"method": "dflash", "model": OUT_DIR, "num_speculative_tokens": 8})
+
+Exit status: 0 written, 2 bad input (the message names the file or the mismatch). Needs no vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))  # run from a checkout without install
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("drafter_dir", help="a feature drafter folder (save_feature_drafter / jobs/distill.py)")
+    p.add_argument("out_dir", help="folder to write (created; files in it are overwritten)")
+    p.add_argument("--verifier", default=None, help="the verifier: embedded default name, or a local Hugging Face "
+                   "folder with safetensors (default: the embedded default, smollm2-135m-instruct)")
+    p.add_argument("--full-vocab", action="store_true", help="let vLLM use the verifier's whole LM head instead of "
+                   "the drafter's draft vocabulary (d2t)")
+    p.add_argument("--mask-token-id", type=int, default=None, help="id vLLM feeds for masked slots (its embedding "
+                   "is replaced by the drafter's mask vector); default: the highest id outside the draft vocabulary")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from specdiff.export_vllm import export_vllm
+    from specdiff.models import DEFAULT_VERIFIER, resolve_model_path
+
+    try:
+        verifier_dir = resolve_model_path(args.verifier or DEFAULT_VERIFIER)
+        if not Path(verifier_dir).is_dir():
+            raise ValueError(f"--verifier must be the embedded default or a local folder, got {verifier_dir!r}")
+        export = export_vllm(args.drafter_dir, args.out_dir, verifier_dir=verifier_dir, full_vocab=args.full_vocab,
+                             mask_token_id=args.mask_token_id)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    vocab = f"draft vocabulary {export.draft_vocab_size} (d2t)" if export.draft_vocab_size else "the verifier's head"
+    print(f"wrote {export.path}: taps {list(export.target_layer_ids)}, mask_token_id {export.mask_token_id}, "
+          f"{vocab}, up to {export.num_speculative_tokens} speculative tokens")
+    print(f"vLLM: LLM(model={verifier_dir!r}, speculative_config={export.speculative_config()})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

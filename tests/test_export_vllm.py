@@ -1,0 +1,150 @@
+"""Export of a feature drafter to vLLM's dflash layout: pure file checks (no vLLM needed; tests/test_vllm_engine.py
+loads the export into vLLM)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from helpers import tiny_llama
+
+from specdiff.export_vllm import EXPORT_META, MASK_EMBEDDING_FILE, export_vllm
+from specdiff.feature_drafter import build_feature_drafter, save_feature_drafter
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny verifier saved as a Hugging Face folder (tied embeddings) and a 2-layer feature drafter for it with a
+    draft vocabulary of 16 shuffled ids."""
+    root = tmp_path_factory.mktemp("export")
+    verifier = tiny_llama(64, seed=0, layers=4)
+    verifier.save_pretrained(root / "verifier")
+    drafter = build_feature_drafter(verifier, num_layers=2, seed=1, draft_vocab_size=16, max_gamma=6)
+    ids = torch.randperm(64, generator=torch.Generator().manual_seed(0))[:16]
+    drafter.set_draft_vocabulary(ids)
+    with torch.no_grad():
+        drafter.model.mask_embedding.normal_()
+    save_feature_drafter(drafter, root / "drafter", verifier={"name": "tiny"})
+    return verifier, drafter, root
+
+
+def test_export_round_trip_keys_shapes_and_config(pair, tmp_path):
+    verifier, drafter, root = pair
+    export = export_vllm(root / "drafter", tmp_path / "out", verifier_dir=root / "verifier")
+    c = drafter.config
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    ours = drafter.model.state_dict()
+    # Every draft weight under vLLM's name, unchanged; our training-only tensors are not among them.
+    for name, value in ours.items():
+        if name in ("mask_embedding", "draft_ids"):
+            assert name not in tensors
+        else:
+            assert torch.equal(tensors[name], value), name
+    assert set(tensors) == (set(ours) - {"mask_embedding", "draft_ids"}) | {"lm_head.weight", "d2t"}
+    assert not any(n.startswith("model.") or "embed_tokens" in n for n in tensors)
+    # Draft vocabulary: vLLM maps draft index i to target id i + d2t[i], and scores it with lm_head row i.
+    ids = drafter.model.draft_ids
+    assert torch.equal(torch.arange(16) + tensors["d2t"], ids)
+    assert torch.equal(tensors["lm_head.weight"], verifier.get_output_embeddings().weight.detach()[ids])
+    mask = torch.load(tmp_path / "out" / MASK_EMBEDDING_FILE, weights_only=True)
+    assert torch.equal(mask["embedding"], drafter.model.mask_embedding.detach())
+    assert mask["mask_token_id"] == export.mask_token_id
+    assert export.mask_token_id not in ids.tolist() and export.mask_token_id == max(set(range(64)) - set(ids.tolist()))
+
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["dflash_config"] == {"mask_token_id": export.mask_token_id, "target_layer_ids": list(c.target_layer_ids)}
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+            cfg["head_dim"], cfg["intermediate_size"]) == (2, 32, 4, 2, 8, 64)
+    assert (cfg["num_target_layers"], cfg["vocab_size"], cfg["draft_vocab_size"], cfg["block_size"]) == (4, 64, 16, 7)
+    assert cfg["rope_parameters"]["rope_theta"] == c.rope_theta and cfg["rms_norm_eps"] == c.rms_norm_eps
+    # transformers reads it as the Qwen3 config vLLM builds its draft layers from.
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(tmp_path / "out")
+    assert type(hf).__name__ == "Qwen3Config" and hf.head_dim == 8 and hf.num_hidden_layers == 2
+    assert (hf.rope_parameters or {}).get("rope_theta", getattr(hf, "rope_theta", None)) == c.rope_theta
+    assert export.speculative_config(4) == {"method": "dflash", "model": str(tmp_path / "out"),
+                                            "num_speculative_tokens": 4}
+    with pytest.raises(ValueError, match=r"num_speculative_tokens must be an integer in \[1, 6\]"):
+        export.speculative_config(7)
+    meta = json.loads((tmp_path / "out" / EXPORT_META).read_text())
+    assert meta["record"]["verifier"] == {"name": "tiny"} and meta["full_vocab"] is False
+
+
+def test_full_vocab_export_leaves_the_head_to_the_verifier(pair, tmp_path):
+    _, drafter, root = pair
+    export = export_vllm(root / "drafter", tmp_path / "out", verifier_dir=root / "verifier", full_vocab=True,
+                         mask_token_id=5)
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert "lm_head.weight" not in tensors and "d2t" not in tensors
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert "draft_vocab_size" not in cfg and cfg["dflash_config"]["mask_token_id"] == 5
+    assert export.draft_vocab_size is None and export.mask_token_id == 5
+
+
+def test_bad_inputs_are_named(pair, tmp_path):
+    verifier, drafter, root = pair
+    v = root / "verifier"
+    with pytest.raises(ValueError, match="does not exist"):
+        export_vllm(tmp_path / "nowhere", tmp_path / "o", verifier_dir=v)
+    standalone = tmp_path / "standalone"
+    standalone.mkdir()
+    (standalone / "specdiff_drafter.json").write_text("{}")
+    with pytest.raises(ValueError, match="is not a feature drafter"):
+        export_vllm(standalone, tmp_path / "o", verifier_dir=v)
+    broken = tmp_path / "broken"
+    save_feature_drafter(drafter, broken)
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="weights missing: .*model.safetensors"):
+        export_vllm(broken, tmp_path / "o", verifier_dir=v)
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="corrupt drafter file"):
+        export_vllm(broken, tmp_path / "o", verifier_dir=v)
+    with pytest.raises(ValueError, match="must hold config.json"):
+        export_vllm(root / "drafter", tmp_path / "o", verifier_dir=tmp_path)
+    other = tmp_path / "other"
+    tiny_llama(80, seed=0, layers=4).save_pretrained(other)
+    with pytest.raises(ValueError, match="vocabulary of 64; verifier .* has 80"):
+        export_vllm(root / "drafter", tmp_path / "o", verifier_dir=other)
+    shallow = tmp_path / "shallow"
+    tiny_llama(64, seed=0, layers=1).save_pretrained(shallow)
+    with pytest.raises(ValueError, match="taps layers .* has only 1 layers"):
+        export_vllm(root / "drafter", tmp_path / "o", verifier_dir=shallow)
+    no_weights = tmp_path / "no_weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((v / "config.json").read_text())
+    with pytest.raises(ValueError, match="holds no \\*.safetensors"):
+        export_vllm(root / "drafter", tmp_path / "o", verifier_dir=no_weights)
+    untied = tmp_path / "untied"
+    untied.mkdir()
+    cfg = json.loads((v / "config.json").read_text())
+    (untied / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    save_file({"model.embed_tokens.weight": torch.zeros(64, 32)}, str(untied / "model.safetensors"))
+    with pytest.raises(ValueError, match="none of \\['lm_head.weight'\\]"):
+        export_vllm(root / "drafter", tmp_path / "o", verifier_dir=untied)
+    with pytest.raises(ValueError, match="mask_token_id must be a token id in \\[0, 64\\), got 64"):
+        export_vllm(root / "drafter", tmp_path / "o", verifier_dir=v, mask_token_id=64)
+
+
+def test_cli_writes_the_export_and_exits_2_on_bad_input(pair, tmp_path):
+    _, _, root = pair
+    cmd = [sys.executable, str(ROOT / "jobs" / "export_vllm.py")]
+    ok = subprocess.run(cmd + [str(root / "drafter"), str(tmp_path / "out"), "--verifier", str(root / "verifier")],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "'method': 'dflash'" in ok.stdout and (tmp_path / "out" / "config.json").is_file()
+    bad = subprocess.run(cmd + [str(tmp_path / "nowhere"), str(tmp_path / "o2"), "--verifier", str(root / "verifier")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "error: drafter folder" in bad.stderr
+
+
+def test_export_module_imports_no_vllm():
+    code = "import sys, specdiff.export_vllm; assert 'vllm' not in sys.modules and 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
