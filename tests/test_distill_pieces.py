@@ -43,6 +43,10 @@ def test_greedy_teacher_matches_per_prompt_full_forward(verifier_model):
         for _ in range(6):
             tokens.append(int(full_logprobs(verifier_model, tokens)[-1].argmax()))
         assert completion == tokens[len(prompt) :]
+    # Top-k of log p with p the argmax one-hot: the argmax with 0 first, then k - 1 distinct ids with -inf.
+    assert (top_ids[..., 0] == completions).all()
+    assert (top_lp[..., 0] == 0).all() and (top_lp[..., 1:] == float("-inf")).all()
+    assert all(len(set(row)) == 4 for row in top_ids.reshape(-1, 4).tolist())
 
 
 def test_sampled_teacher_logprobs_are_the_target_distribution(verifier_model):

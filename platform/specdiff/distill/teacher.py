@@ -75,6 +75,19 @@ def causal_inputs(sequences: Sequence[Sequence[int]], pad_id: int = 0):
     return ids, valid, positions
 
 
+def _greedy_step(logits: torch.Tensor, k: int):
+    """Greedy decoding's token [B, 1] and top-k of log p (p the argmax one-hot) without materialising p: the argmax
+    first with log p = 0, then k - 1 other ids with -inf (the same as ``target_probs(..., greedy).log().topk(k)``,
+    up to the order of the -inf ids, which carry no mass)."""
+    token = logits.argmax(-1, keepdim=True)  # ties: the lowest id, as target_probs
+    if not k:
+        return token, None
+    ids = logits.float().scatter(-1, token, float("inf")).topk(k, dim=-1).indices  # argmax first, then distinct
+    lp = torch.full(ids.shape, float("-inf"))
+    lp[:, 0] = 0.0
+    return token, (ids, lp)
+
+
 @torch.no_grad()
 def sample_completions(
     hf: HFModel,
@@ -120,13 +133,17 @@ def sample_completions(
     tokens, top_ids, top_lp = [], [], []
     k = min(logprobs_k, hf.vocab_size)
     for step in range(max_new_tokens):
-        p = target_probs(logits, sampling)  # [B, V]
-        token = sample(p, generator)  # [B, 1]
-        top = p.log().topk(k, dim=-1) if k else None
+        if sampling.greedy:  # p is the argmax one-hot: skip the [B, V] softmax, log and multinomial draw
+            token, top = _greedy_step(logits, k)
+        else:
+            p = target_probs(logits, sampling)  # [B, V]
+            token = sample(p, generator)  # [B, 1]
+            top = p.log().topk(k, dim=-1) if k else None
+            top = (top.indices, top.values) if top is not None else None
         tokens.append(token[:, 0])
         if top is not None:
-            top_ids.append(top.indices)
-            top_lp.append(top.values)
+            top_ids.append(top[0])
+            top_lp.append(top[1])
         if step == max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones_like(token)], dim=1)
