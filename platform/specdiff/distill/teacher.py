@@ -83,7 +83,7 @@ def _greedy_step(logits: torch.Tensor, k: int):
     if not k:
         return token, None
     ids = logits.float().scatter(-1, token, float("inf")).topk(k, dim=-1).indices  # argmax first, then distinct
-    lp = torch.full(ids.shape, float("-inf"))
+    lp = torch.full(ids.shape, float("-inf"), device=ids.device)
     lp[:, 0] = 0.0
     return token, (ids, lp)
 
