@@ -76,16 +76,16 @@ def causal_inputs(sequences: Sequence[Sequence[int]], pad_id: int = 0):
 
 
 def _greedy_step(logits: torch.Tensor, k: int):
-    """Greedy decoding's token [B, 1] and top-k of log p (p the argmax one-hot) without materialising p: the argmax
-    first with log p = 0, then k - 1 other ids with -inf (the same as ``target_probs(..., greedy).log().topk(k)``,
-    up to the order of the -inf ids, which carry no mass)."""
+    """Greedy decoding's token [B, 1] and top-k (values, indices) of log p, p the argmax one-hot, without
+    materialising p: the argmax first with log p = 0, then k - 1 other ids with -inf (the same as
+    ``target_probs(..., greedy).log().topk(k)``, up to the order of the -inf ids, which carry no mass)."""
     token = logits.argmax(-1, keepdim=True)  # ties: the lowest id, as target_probs
     if not k:
         return token, None
-    ids = logits.float().scatter(-1, token, float("inf")).topk(k, dim=-1).indices  # argmax first, then distinct
+    ids = logits.scatter(-1, token, float("inf")).topk(k, dim=-1).indices  # argmax first, then distinct
     lp = torch.full(ids.shape, float("-inf"), device=ids.device)
     lp[:, 0] = 0.0
-    return token, (ids, lp)
+    return token, (lp, ids)
 
 
 @torch.no_grad()
@@ -139,11 +139,11 @@ def sample_completions(
             p = target_probs(logits, sampling)  # [B, V]
             token = sample(p, generator)  # [B, 1]
             top = p.log().topk(k, dim=-1) if k else None
-            top = (top.indices, top.values) if top is not None else None
         tokens.append(token[:, 0])
         if top is not None:
-            top_ids.append(top[0])
-            top_lp.append(top[1])
+            values, indices = top
+            top_ids.append(indices)
+            top_lp.append(values)
         if step == max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones_like(token)], dim=1)
