@@ -138,9 +138,13 @@ def test_configs_accept_auto_and_default_to_it():
         VerifierSection(path="v", dtype="float64")
 
 
-def test_training_autocast_stays_fp32_on_cpu(monkeypatch):
+def test_training_autocast_on_cpu_only_for_wide_drafters_with_native_bf16(monkeypatch):
     monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: True)
-    assert not dtypes.train_autocast_bf16("auto", "cpu")  # measured slower for tiny drafters on a bf16 CPU
+    assert not dtypes.train_autocast_bf16("auto", "cpu")  # width unknown
+    assert not dtypes.train_autocast_bf16("auto", "cpu", 32)  # measured slower for tiny drafters on a bf16 CPU
+    assert dtypes.train_autocast_bf16("auto", "cpu", 576)  # measured faster for the default feature drafter
+    monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: False)
+    assert not dtypes.train_autocast_bf16("auto", "cpu", 576)  # emulated bf16: 5-7x slower
     assert dtypes.train_autocast_bf16("bf16", "cpu") and not dtypes.train_autocast_bf16("fp32", "cpu")
     with pytest.raises(ValueError, match="'half'"):
         dtypes.train_autocast_bf16("half")

@@ -72,6 +72,12 @@ class SpecConfig:
     # temperature (so K=1 drafts the argmax). Measured: sampled-only candidates at T_d=1.5 lost most of a trained
     # feature drafter's acceptance. Ignored (False) with acceptance="speculative", which needs drawn candidates.
     include_argmax: bool = True
+    # Greedy acceptance: one more candidate copied from the context (``specdiff.lookup``: what followed the latest
+    # earlier occurrence of the context's longest suffix n-gram, 1 to ``lookup_ngram`` tokens), padded with the
+    # argmax window where the copy is shorter than gamma. Self-selection keeps it only when it scores higher.
+    # Ignored with acceptance="speculative".
+    prompt_lookup: bool = True
+    lookup_ngram: int = 4
     max_gamma: int = 8  # bounds of the adaptive search
     max_candidates: int = 4
 
@@ -96,6 +102,8 @@ class SpecConfig:
             self.draft_temperature,
             "a number >= 0",
         )
+        _check(_is_int(self.lookup_ngram) and self.lookup_ngram >= 1, "lookup_ngram", self.lookup_ngram,
+               "an integer >= 1")
         _check(_is_int(self.draft_top_k) and self.draft_top_k >= 0, "draft_top_k", self.draft_top_k, "an integer >= 0")
         _check(self.acceptance in ("greedy", "speculative"), "acceptance", self.acceptance, "'greedy' or 'speculative'")
         if self.acceptance == "speculative" and self.num_candidates not in (None, 1):

@@ -106,19 +106,26 @@ def resolve_dtype(name: str | torch.dtype = "auto", *, phase: str = "batched",
     return resolve_dtype_with_reason(name, phase=phase, device=device)[0]
 
 
-def train_autocast_bf16(precision: str, device: str | torch.device = "cpu") -> bool:
+AUTOCAST_MIN_HIDDEN = 256  # narrower drafters train faster in fp32 even on a bf16 CPU (casts dominate)
+
+
+def train_autocast_bf16(precision: str, device: str | torch.device = "cpu", hidden_size: int | None = None) -> bool:
     """Whether a training step runs under bf16 autocast for ``precision`` ("auto", "fp32", "bf16").
 
-    "auto" means a GPU that supports bf16, never a CPU: measured on a 2-core AMD EPYC with AVX512_BF16 (torch 2.13,
-    one thread), a training step of jobs/configs/tiny.yaml's drafter (hidden 32, 32 windows x 48 tokens) took
-    117 ms under bf16 autocast against 41-52 ms in fp32 (casts dominate such small matmuls). A SmolLM2-width
-    drafter (hidden 576, 2 layers, 8 x 96 tokens) did gain there (2.7-2.9 s against 5.2-5.7 s): such configs
-    should say ``precision: bf16`` explicitly on a CPU with native bf16."""
+    "auto" means a GPU that supports bf16, or a CPU with native bf16 (``cpu_has_native_bf16``) training a drafter
+    at least ``AUTOCAST_MIN_HIDDEN`` wide (``hidden_size``; None: unknown, no autocast). Measured on a 2-core AMD
+    EPYC with AVX512_BF16 (torch 2.13): a step of jobs/configs/tiny.yaml's drafter (hidden 32) took 117 ms under
+    bf16 autocast against 41-52 ms in fp32 (casts dominate such small matmuls); a step of the default feature
+    drafter (hidden 576, 8 trajectories x 48 blocks, one thread) 1.44 s against 2.07 s, and its held-out expected
+    streak after the default recipe's 600 steps was 1.09 (fp32: see docs/feature_drafter.md). Without native bf16
+    (AVX2 only) bf16 is emulated and 5-7x slower: never there."""
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be one of ['auto', 'bf16', 'fp32'], got {precision!r}")
     if precision != "auto":
         return precision == "bf16"
-    return torch.device(device).type == "cuda" and torch.cuda.is_bf16_supported()
+    if torch.device(device).type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return hidden_size is not None and hidden_size >= AUTOCAST_MIN_HIDDEN and cpu_has_native_bf16()
 
 
 def dtype_name(dtype: torch.dtype) -> str:

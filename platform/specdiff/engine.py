@@ -309,6 +309,7 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         try:
             draft = self._draft(session, spec, R.round_seed(base, pos, R.DRAFT))  # candidates [K, gamma]
+            draft = R.with_lookup(draft, session.tokens, spec)  # + one copied from the context, if it has a match
         except DrafterUnavailable:
             # A verifier-only step samples from p itself, so the output stays exact.
             stats.drafter_s += time.perf_counter() - t0

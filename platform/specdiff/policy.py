@@ -169,7 +169,8 @@ class SpeculationPolicy:
         size = self.gammas[-1]
         self._accepted = {k: [0.0] * size for k in self.ks}  # discounted counts per K and position
         self._reached = {k: [0.0] * size for k in self.ks}
-        self._share = {k: 1.0 for k in self.ks}  # observed trie nodes / (γK): shared prefixes make tries smaller
+        # observed trie nodes / (γK): shared prefixes make tries smaller, a prompt-lookup candidate larger
+        self._share = {k: 1.0 for k in self.ks}
         self._rounds = {k: 0 for k in self.ks}
         self.probe = (min(probe_gamma, size) if min(probe_gamma, size) in self.gammas else self.gammas[0], self.ks[0])
         g, k = self.probe
@@ -221,7 +222,7 @@ class SpeculationPolicy:
                 streak *= alpha[g - 1]
                 expected += streak
                 if g in self.gammas:
-                    nodes = 1 + g * (1 if k == 1 else k * self._share[k])
+                    nodes = 1 + g * k * self._share[k]
                     out[(g, k)] = expected / (self.costs.draft_s + self.costs.verify(nodes))
         return out
 
@@ -255,7 +256,6 @@ class SpeculationPolicy:
             reach[j] += 1
         for j in range(min(num_accepted, len(acc))):
             acc[j] += 1
-        if k > 1:
-            n = self._rounds[k]
-            self._share[k] = (self._share[k] * (n + 1) + tree_nodes / (gamma * k)) / (n + 2)  # weak prior of 1.0
+        n = self._rounds[k]  # shared prefixes shrink a trie, a prompt-lookup candidate grows it
+        self._share[k] = (self._share[k] * (n + 1) + tree_nodes / (gamma * k)) / (n + 2)  # weak prior of 1.0
         self._rounds[k] += 1

@@ -21,6 +21,7 @@ import torch
 
 from .acceptance import greedy_accept, speculative_accept
 from .config import SamplingParams, SpecConfig
+from .lookup import lookup_continuation
 from .sampling import sample, target_probs
 from .selection import sample_candidates, select
 from .tree import build_tree, chain
@@ -82,6 +83,23 @@ def draft(marginals: torch.Tensor, spec: SpecConfig, generator: torch.Generator)
         include_argmax=spec.include_argmax and not speculative,
     )
     return Draft(candidates, draft_probs if speculative else None)
+
+
+def with_lookup(d: Draft, context: Sequence[int], spec: SpecConfig) -> Draft:
+    """``d`` plus one candidate copied from ``context`` (``specdiff.lookup``), when the context has a match and
+    greedy acceptance is on; positions past the copy's end take candidate 0's tokens (the argmax window with
+    ``include_argmax``). A function of the context and the drafted candidates only, so acceptance stays exact."""
+    if not spec.prompt_lookup or spec.acceptance == "speculative" or d.candidates.shape[0] == 0:
+        return d
+    gamma = d.candidates.shape[1]
+    copied = lookup_continuation(context, gamma, max_ngram=spec.lookup_ngram)
+    if not copied:
+        return d
+    row = d.candidates[0].clone()
+    row[: len(copied)] = torch.tensor(copied, dtype=row.dtype)
+    if bool((d.candidates == row).all(-1).any()):  # already a candidate
+        return d
+    return Draft(torch.cat([d.candidates, row[None]]), d.draft_probs)
 
 
 @dataclass(frozen=True)

@@ -155,8 +155,9 @@ class TrainSection(Section):
     freeze_embeddings: bool = Field(False, description="Keep the inherited token embeddings (and a tied LM head) "
                                     "fixed; the appended mask-token row still trains.")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 autocast on a GPU that "
-                                                       "supports it, else fp32 (on a CPU, bf16 autocast was slower "
-                                                       "for tiny drafters; see specdiff.dtypes.train_autocast_bf16).")
+                                                       "supports it, or on a CPU with native bf16 for a drafter at "
+                                                       "least 256 wide; else fp32 (tiny drafters train faster in fp32; "
+                                                       "see specdiff.dtypes.train_autocast_bf16).")
     lora: LoraSection = LoraSection()
     num_workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(0.5, gt=0, description="0.5 leaves Ray Data CPUs on a 2-core machine.")

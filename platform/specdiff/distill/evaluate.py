@@ -28,6 +28,7 @@ class EvalResult:
     expected_streak: float  # mean over held-out windows of the selected candidate's expected accepted tokens
     alpha: list[float]  # [γ] P(position j accepted | reached)
     windows: int
+    cut: int = 0  # windows whose greedy continuation left the trajectory before the streak ended (teacher_forced_eval)
 
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:
         out = {f"{prefix}expected_streak": self.expected_streak, f"{prefix}tau": 1 + self.expected_streak}

@@ -157,18 +157,23 @@ def evaluate_feature_drafter(
 def teacher_forced_eval(drafter: FeatureDrafter, verifier: HFModel, records: Sequence[dict], offsets: Sequence[int],
                         gamma: int, batch_size: int = 16) -> EvalResult | None:
     """Held-out α_j and expected streak of greedy drafts (K=1, draft temperature 0) at verifier temperature 0, read
-    off greedy held-out trajectories: the windows are those of ``heldout_prefixes(records, offsets)``, and a draft
-    token is accepted iff it equals the trajectory's next token, which is the verifier's argmax there. Equal to
-    ``evaluate_feature_drafter`` at those settings (tested) at a fraction of the cost: one verifier pass per
-    trajectory (its states and a check that it is greedy), then every window in one drafter forward.
+    off held-out trajectories: the windows are those of ``heldout_prefixes(records, offsets)``, and a draft token is
+    accepted iff it equals the verifier's greedy continuation there. One verifier pass per trajectory gives its
+    states and its argmax at every position; every window is then scored in one drafter forward. Equal to
+    ``evaluate_feature_drafter`` at those settings (tested) at a fraction of the cost.
 
-    None when the shortcut does not apply: a window runs past a trajectory's end, or a trajectory is not greedy
-    under this verifier (another dtype may break a near-tie): the caller evaluates the usual way."""
-    from ..feature_drafter import AnchorBatch
+    The labels are the verifier's argmax along the trajectory (``greedy_labels``). Where the trajectory is not
+    greedy under this pass (in bf16, batched decoding and a full pass can break a near-tie differently), a window's
+    greedy continuation is known only up to the first token where they part: a streak that gets there is cut there,
+    so the figure is a lower bound, exact at position 1 (``EvalResult.cut`` counts such windows).
+
+    None when a window runs past a trajectory's end: the caller evaluates the usual way."""
+    from ..feature_drafter import AnchorBatch, greedy_labels
 
     if any(o + gamma > len(r["completion_ids"]) for r in records for o in offsets):
         return None
     reached, accepted, streaks = torch.zeros(gamma, dtype=torch.float64), torch.zeros(gamma, dtype=torch.float64), []
+    cut = 0
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
         seqs = [list(r["prompt_ids"]) + list(r["completion_ids"]) for r in chunk]
@@ -178,30 +183,31 @@ def teacher_forced_eval(drafter: FeatureDrafter, verifier: HFModel, records: Seq
         pad = ids.shape[1]
         length = max(len(s) for s in seqs)
         tokens = torch.zeros(len(seqs), length, dtype=torch.long)
+        greedy = torch.zeros(len(seqs), length, dtype=torch.long)
         features = torch.zeros(len(seqs), length, feats.shape[-1])
         anchors = torch.zeros(len(seqs), len(offsets), dtype=torch.long)
         for i, (r, seq) in enumerate(zip(chunk, seqs)):
             n_prompt = len(r["prompt_ids"])
-            argmax = logits[i, pad - len(seq) : pad - 1].argmax(-1).cpu()  # row t predicts token t + 1
-            if not torch.equal(argmax[n_prompt - 1 :], torch.as_tensor(seq[n_prompt:])):
-                return None
+            greedy[i, : len(seq) - 1] = logits[i, pad - len(seq) : pad - 1].argmax(-1).cpu()  # row t: after t
             tokens[i, : len(seq)] = torch.as_tensor(seq)
             features[i, : len(seq) - 1] = feats[i, pad - len(seq) : pad - 1].float().cpu()
             anchors[i] = torch.as_tensor([n_prompt - 1 + o for o in offsets])
-        idx = anchors[..., None] + torch.arange(1, gamma + 1)
-        labels = tokens.gather(1, idx.view(len(seqs), -1)).view(len(seqs), len(offsets), gamma)
+        labels = greedy_labels(tokens, greedy, anchors, gamma)  # -1 past the point where a trajectory parts
         batch = AnchorBatch(anchors=anchors, labels=labels, valid=torch.ones_like(anchors, dtype=torch.bool))
         out = anchor_logits(drafter, drafter.model, tokens, features, batch, gamma)  # [B, A, γ, V_draft]
         drafts = out.argmax(-1)
         if drafter.config.draft_vocab_size is not None:
             drafts = drafter.model.draft_ids[drafts]
-        survive = (drafts == labels).view(-1, gamma).double().cumprod(-1)
+        hits = (drafts == labels).view(-1, gamma).double()
+        survive = hits.cumprod(-1)
+        unknown = (labels < 0).view(-1, gamma)
+        cut += int((unknown & torch.cat([torch.ones_like(survive[:, :1]), survive[:, :-1]], 1).bool()).any(-1).sum())
         streaks.append(survive.sum(-1))
         accepted += survive.sum(0)
         reached += torch.cat([torch.ones(len(survive), 1, dtype=torch.float64), survive[:, :-1]], 1).sum(0)
     alpha = (accepted / reached.clamp_min(1e-300)).tolist()
     return EvalResult(expected_streak=float(torch.cat(streaks).mean()), alpha=alpha,
-                      windows=len(records) * len(offsets))
+                      windows=len(records) * len(offsets), cut=cut)
 
 
 def draft_vocabulary(token_lists, vocab_size: int, size: int) -> torch.Tensor:

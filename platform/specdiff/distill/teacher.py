@@ -20,6 +20,7 @@ import torch
 from ..config import SamplingParams
 from ..dtypes import resolve_dtype
 from ..hf import HFModel
+from ..memory import keep_freed_memory
 from ..sampling import sample, target_probs
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
@@ -174,6 +175,7 @@ class TeacherSampler:
 
     def __init__(self, verifier: dict, dtype: str, sampling: dict, max_new_tokens: int, logprobs_k: int,
                  max_prompt_tokens: int, seed: int, taps: list[int] | None = None):
+        keep_freed_memory()  # batched passes allocate the same large blocks batch after batch
         self.taps = tuple(taps) if taps else None  # a feature drafter's context: kept from the same passes
         self.record = VerifierRecord(**verifier)
         self.sampling = SamplingParams(**sampling)
@@ -260,6 +262,9 @@ def teacher_dataset(prompts, verifier: VerifierRecord, cfg, taps: list[int] | No
     import ray.data
 
     t = cfg.teacher
+    # Whole batches: without this, a read block of 94 prompts becomes batches of 64 and 30, and a short batch
+    # decodes at little more than half the rate (batched decoding is weight-bandwidth bound on a CPU).
+    prompts = prompts.repartition(target_num_rows_per_block=t.batch_size, strict=True)
     return prompts.map_batches(
         TeacherSampler,
         fn_constructor_kwargs={

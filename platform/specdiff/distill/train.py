@@ -42,6 +42,7 @@ from ..feature_drafter import (
     save_feature_drafter,
 )
 from ..hf import HFModel
+from ..memory import keep_freed_memory
 from ..objectives import ar_distill_loss, mask_window, masked_diffusion_loss, naive_window_loss, streak_loss
 from .config import DistillConfig
 from .evaluate import EvalResult, alpha_plot, evaluate_drafter
@@ -207,6 +208,7 @@ def train_loop(loop_config: dict) -> None:
     import ray.train
     import ray.train.torch
 
+    keep_freed_memory()  # every step frees and reallocates ~100 MB blocks: reuse them instead of faulting pages in
     cfg = DistillConfig.model_validate(loop_config["config"])
     record, heldout = loop_config["verifier_record"], loop_config["heldout_prefixes"]
     ctx = ray.train.get_context()
@@ -256,7 +258,11 @@ def train_loop(loop_config: dict) -> None:
             tracker.log_params({**cfg.model_dump(mode="json"), "verifier_record": record})
     eval_model = None if feature else HFModel(drafter.model)
     verifier = HFModel(verifier_model) if verifier_model is not None and rank == 0 else None
-    use_bf16 = train_autocast_bf16(t.precision, device)  # auto: a bf16 GPU only (CPU measurement in there)
+    width = drafter.config.hidden_size if feature else getattr(drafter.model.config, "hidden_size", None)
+    use_bf16 = train_autocast_bf16(t.precision, device, width)  # auto: a bf16 GPU, or a wide drafter on a bf16 CPU
+    if rank == 0:
+        print(f"[distill] training precision: {'bf16 autocast' if use_bf16 else 'fp32'} (train.precision="
+              f"{t.precision})", flush=True)
 
     def evaluate(step: int) -> dict:
         if rank != 0:
@@ -274,7 +280,11 @@ def train_loop(loop_config: dict) -> None:
             if greedy and loop_config.get("heldout_records"):  # read off the greedy held-out trajectories
                 result = teacher_forced_eval(drafter, verifier, loop_config["heldout_records"], cfg.eval.offsets,
                                              o.gamma)
-            how = "read off the greedy held-out trajectories" if result is not None else "scored by the verifier"
+            how = "scored by the verifier"
+            if result is not None:
+                how = "read off the held-out trajectories" + (
+                    f"; {result.cut} of {result.windows} streaks cut where a trajectory is not this pass's argmax"
+                    if result.cut else "")
             if result is None:
                 result = evaluate_feature_drafter(drafter, verifier, heldout, o.gamma, cfg.eval_sampling(),
                                                   **options)
