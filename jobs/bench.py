@@ -36,6 +36,7 @@ class Method:
     drafter: str | None = None
     k: int = 1
     draft_temperature: float = 1.0
+    lookup: bool = True  # SpecConfig.prompt_lookup: the round's extra candidate copied from the context
 
 
 @dataclass
@@ -69,6 +70,8 @@ def parse_args(argv=None):
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0], help="verifier temperatures")
     p.add_argument("--adaptive", action="store_true", help="also run the swept drafter with the adaptive policy "
                    "(the main job's default gamma and K)")
+    p.add_argument("--lookup-ablation", action="store_true", help="also run the swept drafter at K=1 (and adaptive, "
+                   "with --adaptive) without the prompt-lookup candidate (SpecConfig.prompt_lookup=False)")
     p.add_argument("--k-default", type=int, default=4)
     p.add_argument("--td-default", type=float, default=1.5)
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16, for every method (auto: bfloat16 "
@@ -123,6 +126,9 @@ def methods_for(args) -> list[Method]:
             if name == sweep and args.adaptive:
                 grid.append((ADAPTIVE, args.td_default))  # the main job's defaults: gamma and K chosen per round
             out += [Method(name, "specdiff", t, name, k, td) for k, td in grid]
+            if name == sweep and args.lookup_ablation:
+                ks = [1] + ([ADAPTIVE] if args.adaptive else [])
+                out += [Method(name, "specdiff", t, name, k, args.draft_temperatures[0], lookup=False) for k in ks]
         if args.untrained:  # what a user who leaves the defaults gets before any alignment
             out.append(Method("untrained", "specdiff", t, "untrained", ADAPTIVE, args.td_default))
     return out
@@ -135,7 +141,7 @@ def label(m: Method) -> str:
     if m.kind != "specdiff":
         return f"{m.name} T={m.temperature:g}"
     k = "adaptive" if m.k == ADAPTIVE else f"K={m.k}"
-    return f"{m.name} {k} Td={m.draft_temperature:g} T={m.temperature:g}"
+    return f"{m.name} {k} Td={m.draft_temperature:g}{'' if m.lookup else ' no-lookup'} T={m.temperature:g}"
 
 
 class Runner:
@@ -182,9 +188,11 @@ class Runner:
             tokens, stats = out[0, len(prompt):].tolist(), DecodeStats()
         else:
             if m.k == ADAPTIVE:
-                spec = SpecConfig(max_gamma=self.args.gamma, draft_temperature=m.draft_temperature)
+                spec = SpecConfig(max_gamma=self.args.gamma, draft_temperature=m.draft_temperature,
+                                  prompt_lookup=m.lookup)
             else:
-                spec = SpecConfig(gamma=self.args.gamma, num_candidates=m.k, draft_temperature=m.draft_temperature)
+                spec = SpecConfig(gamma=self.args.gamma, num_candidates=m.k, draft_temperature=m.draft_temperature,
+                                  prompt_lookup=m.lookup)
             r = self.decoders[m.drafter].generate(prompt, sampling=sampling, spec=spec, **common)
             tokens, stats = r.tokens, r.stats
         seconds = time.perf_counter() - t0
@@ -245,7 +253,7 @@ def build_report(args, methods: list[Method], tallies) -> dict:
         plain = tallies[(domain, f"{baseline} T={m.temperature:g}")]
         s = t.stats
         row = {
-            "domain": domain, "method": name, "kind": m.kind, "drafter": m.drafter, "k": m.k,
+            "domain": domain, "method": name, "kind": m.kind, "drafter": m.drafter, "k": m.k, "lookup": m.lookup,
             "draft_temperature": m.draft_temperature, "temperature": m.temperature, "tokens": t.tokens,
             "seconds": t.seconds, "tokens_per_s": t.tokens_per_s(),
             "speedup": t.tokens_per_s() / plain.tokens_per_s() if plain.tokens_per_s() else 0.0,
@@ -270,7 +278,7 @@ def targets(rows: list[dict], gamma: int, domains=("code", "math", "chat")) -> l
     speed_goal = {"code": 2.0, "math": 2.0, "chat": 1.3}
     for domain in domains:
         mine = [r for r in rows if r["domain"] == domain and r["temperature"] == 0]
-        streak = [r for r in mine if r["drafter"] == "streak"]
+        streak = [r for r in mine if r["drafter"] == "streak" and r.get("lookup", True)]  # the defaults
         if streak:
             best = max(streak, key=lambda r: r["speedup"])
             k = "adaptive" if best["k"] == ADAPTIVE else f"K={best['k']}"
@@ -300,7 +308,7 @@ def objectives_table(rows: list[dict], records: dict[str, dict]) -> str:
     lines = ["| objective | tau (decode) | alpha_j (decode) | held-out alpha_j (the distillation run's final eval) |",
              "|---|---|---|---|"]
     for name in ("streak", "decayed_ce", "ar_distill"):
-        mine = [r for r in rows if r["drafter"] == name and r["temperature"] == 0]
+        mine = [r for r in rows if r["drafter"] == name and r["temperature"] == 0 and r.get("lookup", True)]
         if not mine:
             continue
         k = max(mine, key=lambda r: r["speedup"])["k"]

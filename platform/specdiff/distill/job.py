@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..dtypes import dtype_name, resolve_dtype_with_reason
 from ..feature_drafter import FEATURE_DRAFTER_META, default_tap_layers
+from ..memory import KEEP_FREED_ENV
 from ..models import resolve_model_path
 from .config import DistillConfig, parse_config
 from .feature import draft_vocabulary
@@ -65,7 +66,8 @@ def init_ray(cfg: DistillConfig) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    runtime_env = {"py_modules": [str(Path(specdiff.__file__).parent)], "excludes": ["__pycache__"]}
+    runtime_env = {"py_modules": [str(Path(specdiff.__file__).parent)], "excludes": ["__pycache__"],
+                   "env_vars": dict(KEEP_FREED_ENV)}  # teacher and training workers reuse freed blocks
     if cfg.ray.address is None and "RAY_ADDRESS" not in os.environ:
         # "local": a new Ray for this job. A bare ray.init() would join whatever `ray start` cluster this machine
         # last started, which may be someone else's.

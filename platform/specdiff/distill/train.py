@@ -192,11 +192,16 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, generator) -> dict:
     return json.loads((path / STATE).read_text())
 
 
-def _batches(shard, batch_size: int):
-    """Endless teacher batches (dict of python lists): epoch after epoch over this worker's shard."""
+def _batches(shard, batch_size: int, shuffle_buffer: int = 0, seed: int = 0):
+    """Endless teacher batches (dict of python lists): epoch after epoch over this worker's shard, each epoch
+    shuffled through a buffer of ``shuffle_buffer`` trajectories (0: in order) with its own seed."""
+    epoch = 0
     while True:
         seen = 0
-        for table in shard.iter_batches(batch_size=batch_size, batch_format="pyarrow", drop_last=True):
+        shuffle = {"local_shuffle_buffer_size": shuffle_buffer, "local_shuffle_seed": seed * 1_000_003 + epoch} \
+            if shuffle_buffer else {}
+        epoch += 1
+        for table in shard.iter_batches(batch_size=batch_size, batch_format="pyarrow", drop_last=True, **shuffle):
             seen += 1
             yield {name: table.column(name).to_pylist() for name in table.column_names}
         if not seen:
@@ -306,7 +311,8 @@ def train_loop(loop_config: dict) -> None:
     if start == 0:
         ray.train.report({"step": 0, **evaluate(0)})
 
-    batches = _batches(ray.train.get_dataset_shard("train"), t.batch_size)
+    batches = _batches(ray.train.get_dataset_shard("train"), t.batch_size, cfg.data.shuffle_buffer,
+                       cfg.run.seed * 7919 + rank + start)  # a resumed run does not replay the first epochs
     end = min(t.steps, t.stop_after or t.steps)
     step_times, data_times, losses = [], [], []
     step = start

@@ -1,8 +1,8 @@
 """OpenAI-compatible request bodies (strictly typed; unknown keys are errors) and the 400 error they raise.
 
 Extensions beyond OpenAI (send them with the ``openai`` client through ``extra_body``): ``gamma`` (window γ),
-``num_candidates`` (K), ``draft_temperature``, ``draft_top_k``, ``acceptance``, ``speculative`` (false =
-verifier-only decoding) and ``top_k``.
+``num_candidates`` (K), ``draft_temperature``, ``draft_top_k``, ``acceptance``, ``prompt_lookup`` (false = no
+candidate copied from the context), ``speculative`` (false = verifier-only decoding) and ``top_k``.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class _Common(_Request):
     draft_temperature: float | None = None
     draft_top_k: int = 0
     acceptance: Literal["greedy", "speculative"] = "greedy"
+    prompt_lookup: bool = True
 
     @property
     def stop_strings(self) -> list[str]:

@@ -156,6 +156,7 @@ class OpenAIRouter:
                 draft_temperature=opts.draft_temperature if req.draft_temperature is None else req.draft_temperature,
                 draft_top_k=req.draft_top_k,
                 acceptance=req.acceptance,
+                prompt_lookup=req.prompt_lookup,
             )
         except ValueError as err:
             raise value_error(err) from None
