@@ -32,3 +32,29 @@ def test_with_lookup_adds_one_padded_candidate():
     assert same.candidates.shape[0] == 3 and same.candidates[2].tolist() == [2, 3, 4, 0]
     dup = with_lookup(d, [0, 1, 2, 3, 4, 0], spec)  # copy [1, 2, 3, 4] is candidate 0 already
     assert dup is d
+
+
+def test_a_decode_that_repeats_itself_keeps_the_copied_candidate_and_stays_exact():
+    # A tiny random verifier decoded greedily falls into a loop; a drafter that always proposes a token the verifier
+    # never emits accepts nothing, so every accepted token comes from the copied candidate.
+    from helpers import FixedDrafter, tiny_llama
+
+    from specdiff import HFVerifier, SamplingParams, SpeculativeDecoder, generate_plain
+
+    model = tiny_llama(64, init_std=0.3, seed=1)
+    verifier = HFVerifier(model)
+    prompt = [3, 9, 27, 17, 51]
+    plain = generate_plain(verifier, prompt, max_new_tokens=60, sampling=SamplingParams(temperature=0.0))
+    never = next(t for t in range(64) if t not in plain.tokens)
+    table = torch.full((4, 64), 1e-6)
+    table[:, never] = 1.0
+    decoder = SpeculativeDecoder(FixedDrafter(table / table.sum(-1, keepdim=True)), verifier)
+    runs = {}
+    for lookup in (True, False):
+        spec = SpecConfig(gamma=4, num_candidates=1, prompt_lookup=lookup)
+        runs[lookup] = decoder.generate(prompt, max_new_tokens=60, sampling=SamplingParams(temperature=0.0), spec=spec)
+        assert runs[lookup].tokens == plain.tokens  # exact at T=0 either way
+    with_lookup_stats, without = runs[True].stats, runs[False].stats
+    assert without.accepted == 0 and without.lookup_rounds == 0
+    assert 0 < with_lookup_stats.lookup_selected <= with_lookup_stats.lookup_rounds
+    assert with_lookup_stats.accepted > 0 and with_lookup_stats.tau > without.tau

@@ -309,18 +309,23 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         try:
             draft = self._draft(session, spec, R.round_seed(base, pos, R.DRAFT))  # candidates [K, gamma]
-            draft = R.with_lookup(draft, session.tokens, spec)  # + one copied from the context, if it has a match
         except DrafterUnavailable:
             # A verifier-only step samples from p itself, so the output stays exact.
             stats.drafter_s += time.perf_counter() - t0
             stats.fallbacks += 1
             return _plain_step(session, sampling, base, stats)
+        drafted = draft.candidates.shape[0]
+        draft = R.with_lookup(draft, session.tokens, spec)  # + one copied from the context, if it has a match
+        looked_up = draft.candidates.shape[0] > drafted
         t1 = time.perf_counter()
         # Trie, scores, self-selection, acceptance and commit: wherever the session's log-probs live.
         out = R.rounds_of(session).verify(draft, sampling, spec, R.round_seed(base, pos, R.VERIFY))
         stats.drafter_s += t1 - t0
         stats.verifier_s += time.perf_counter() - t1
         stats.record_round(spec.gamma, out.num_accepted, out.candidates, out.tree_nodes, spec.num_candidates)
+        if looked_up:  # the copy is distinct from every draft, so it is the last distinct candidate
+            stats.lookup_rounds += 1
+            stats.lookup_selected += out.selected == out.candidates - 1
         return out.tokens
 
 

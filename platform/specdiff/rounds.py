@@ -111,6 +111,7 @@ class Outcome:
     path: list[int]  # tree nodes committed after the root (the accepted ones)
     candidates: int = 0  # distinct candidates scored (0: a plain step)
     tree_nodes: int = 0  # trie nodes scored, root excluded
+    selected: int = 0  # row of the kept candidate among the distinct ones (first occurrences, in draft order)
 
 
 def verify(session, draft: Draft | None, sampling: SamplingParams, spec: SpecConfig | None,
@@ -137,7 +138,7 @@ def verify(session, draft: Draft | None, sampling: SamplingParams, spec: SpecCon
     committed = path[: verdict.num_accepted].tolist()
     session.commit(committed, verdict.next_token)
     return Outcome(verdict.emitted(chosen.tolist()), verdict.num_accepted, committed,
-                   int(tree.candidates.shape[0]), tree.num_nodes - 1)
+                   int(tree.candidates.shape[0]), tree.num_nodes - 1, int(best))
 
 
 class LocalRounds:

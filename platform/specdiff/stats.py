@@ -16,6 +16,8 @@ class DecodeStats:
     tree_nodes: int = 0  # trie nodes scored, root excluded
     accepted_per_position: list[int] = field(default_factory=list)  # [gamma]: rounds where position j was accepted
     reached_per_position: list[int] = field(default_factory=list)  # [gamma]: rounds where position j was verified
+    lookup_rounds: int = 0  # rounds whose tree held a candidate copied from the context (SpecConfig.prompt_lookup)
+    lookup_selected: int = 0  # ... in which self-selection kept it (it scored strictly higher than every draft)
     fallbacks: int = 0  # rounds decoded verifier-only because the drafter was unavailable or too slow
     policy_plain_steps: int = 0  # verifier-only steps the adaptive policy chose (no speculation paid)
     rounds_by_gamma: list[int] = field(default_factory=list)  # [gamma+1]: speculative rounds run with window g
