@@ -244,8 +244,8 @@ def main(argv=None) -> int:
 
 
 def build_report(args, methods: list[Method], tallies) -> dict:
-    rows, lines = [], ["| domain | method | tau | tokens/s | speed-up vs plain | drafter ms/round | tree nodes/round | verifier ms/call |",
-                       "|---|---|---|---|---|---|---|---|"]
+    rows, lines = [], ["| domain | method | tau | tokens/s | speed-up vs plain | drafter ms/round | tree nodes/round | "
+                       "verifier ms/call | copy kept |", "|---|---|---|---|---|---|---|---|---|"]
     for (domain, name), t in tallies.items():
         m = next(m for m in methods if label(m) == name)
         # HF assisted generation is measured against HF's own plain generate, everything else against ours
@@ -261,12 +261,13 @@ def build_report(args, methods: list[Method], tallies) -> dict:
             "alpha": s.alpha, "drafter_ms_per_round": 1000 * s.drafter_s / s.rounds if s.rounds else 0.0,
             "tree_nodes_per_round": s.tree_nodes / s.rounds if s.rounds else 0.0,
             "verifier_ms_per_call": 1000 * s.verifier_s / s.verifier_calls if s.verifier_calls else 0.0,
+            "lookup_kept": s.lookup_selected / s.rounds if s.rounds else 0.0,  # rounds that kept the copied candidate
             "stats": s.to_dict(),
         }
         rows.append(row)
         lines.append(f"| {domain} | {name} | {row['tau']:.2f} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f}x | "
                      f"{row['drafter_ms_per_round']:.1f} | {row['tree_nodes_per_round']:.1f} | "
-                     f"{row['verifier_ms_per_call']:.1f} |")
+                     f"{row['verifier_ms_per_call']:.1f} | {100 * row['lookup_kept']:.0f}% |")
     config = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, dict, type(None)))}
     return {"config": config, "rows": rows, "table": "\n".join(lines) + "\n"}
 
