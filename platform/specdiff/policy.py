@@ -152,7 +152,7 @@ class SpeculationPolicy:
         allow_plain: bool,
         alpha0: float = 0.5,
         prior_weight: float = 1.0,
-        decay: float = 0.9,
+        decay: float = 1.0,
         boost: float = 0.5,
         discount: float = 0.95,
         probe_gamma: int = 2,
