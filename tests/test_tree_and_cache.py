@@ -124,5 +124,5 @@ def test_candidates_start_with_the_argmax_window_when_asked():
     cands, probs = sample_candidates(marginals, 4, 2.0, gen, include_argmax=True)
     assert cands.shape == (4, 2) and cands[0].tolist() == [1, 0] and cands.dtype == torch.long
     assert torch.allclose(probs.sum(-1), torch.ones(2))  # the distribution the other K-1 were drawn from
-    (only,) = sample_candidates(marginals, 1, 2.0, gen, include_argmax=True)[0]
-    assert only.tolist() == [1, 0]  # K=1: the argmax window itself
+    (only,), none = sample_candidates(marginals, 1, 2.0, gen, include_argmax=True)
+    assert only.tolist() == [1, 0] and none is None  # K=1: the argmax window itself, nothing drawn

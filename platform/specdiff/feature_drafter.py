@@ -366,9 +366,14 @@ class FeatureDrafter:
         return self.to_vocab(probs)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final hidden states [..., H] -> logits [..., V or V_draft] through the verifier's (sliced) head."""
+        """Final hidden states [..., H] -> logits [..., V or V_draft] through the verifier's (sliced) head.
+
+        As one 2-D product: a sliced N-D input (the mask rows of a block) sent torch 2.13's CPU bf16 matmul down a
+        path 9x slower (measured: 4.7 vs 0.5 ms per round for 8 rows x 8192, and 79 vs 5 ms for the full head)."""
         w = self.head_weight
-        return F.linear(hidden.to(w.dtype), w)[..., : self.vocab_size]
+        flat = hidden.reshape(-1, hidden.shape[-1]).to(w.dtype)
+        out = F.linear(flat, w)[:, : self.vocab_size]
+        return out.reshape(*hidden.shape[:-1], out.shape[-1])
 
     def to_vocab(self, probs: torch.Tensor) -> torch.Tensor:
         """[..., V_draft] draft-vocabulary probabilities -> [..., V] (0 outside the draft vocabulary)."""

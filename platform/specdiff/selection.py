@@ -21,18 +21,21 @@ def sample_candidates(
     generator: torch.Generator | None,
     top_k: int = 0,
     include_argmax: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Draw K candidates, each position independently.
 
     marginals: [gamma, V] drafter probabilities. Returns (candidates [K, gamma] long, draft_probs [gamma, V]), where
-    draft_probs is the exact distribution each position was drawn from (needed by speculative sampling).
+    draft_probs is the exact distribution each position was drawn from (needed by speculative sampling; None when
+    nothing is drawn: K=1 with the argmax, where computing it over the vocabulary cost ~4 ms a round).
     ``include_argmax``: candidate 0 is the marginals' argmax window, the other K-1 are drawn (a fixed candidate
     is just another selection input that ignores the acceptance coins, so greedy acceptance stays exact; it is
     not a draw from draft_probs, so speculative sampling must not use it).
     """
-    draft_probs = tempered(marginals, temperature, top_k)
     drawn = num_candidates - 1 if include_argmax else num_candidates
-    candidates = sample(draft_probs, generator, drawn).T if drawn else marginals.new_zeros(0, marginals.shape[0])
+    if not drawn:
+        return marginals.argmax(-1)[None].long().contiguous(), None
+    draft_probs = tempered(marginals, temperature, top_k)
+    candidates = sample(draft_probs, generator, drawn).T
     if include_argmax:
         candidates = torch.cat([marginals.argmax(-1)[None], candidates.long()])
     return candidates.long().contiguous(), draft_probs
