@@ -66,9 +66,11 @@ class DataSection(Section):
     max_prompt_tokens: int = Field(256, ge=1, description="Keep the last N tokens of each prompt.")
     read_cpus: float = Field(0.25, gt=0, description="Logical CPUs per file-read task (Ray Data's default of 1 "
                              "starves the teacher next to 2 train workers on a 2-core machine).")
-    shuffle_buffer: int = Field(1024, ge=0, description="Trajectories each train worker shuffles its batches "
-                                "from, reshuffled every epoch (Ray Data's local shuffle; 0: file order). Prompt "
-                                "files list one domain after another: without it a batch holds one domain.")
+    shuffle_buffer: int = Field(1024, ge=0, description="Saved trajectories (data.trajectories or "
+                                "teacher.save_to): each train worker shuffles its batches from this many, reshuffled "
+                                "every epoch (Ray Data's local shuffle; 0: file order). Prompt files list one domain "
+                                "after another: without it a batch holds one domain. A streamed teacher's "
+                                "trajectories come in prompt-file order (shuffle the file).")
 
 
 class TeacherSection(Section):

@@ -107,6 +107,9 @@ def run(cfg: DistillConfig) -> DistillSummary:
         train_loop,
         train_loop_config={"config": cfg.model_dump(mode="json"), "verifier_record": record.to_dict(),
                            "heldout_prefixes": prefixes, "draft_vocabulary": vocabulary,
+                           # Saved trajectories are shuffled every epoch; a streamed teacher's are not (a shuffle
+                           # buffer would hold training back until the teacher had sampled the whole epoch).
+                           "shuffle_buffer": cfg.data.shuffle_buffer if materialized(cfg) else 0,
                            "heldout_records": [{"prompt_ids": list(r["prompt_ids"]),
                                                 "completion_ids": list(r["completion_ids"])} for r in heldout]},
         scaling_config=ray.train.ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
@@ -125,6 +128,11 @@ def run(cfg: DistillConfig) -> DistillSummary:
     return summarize(cfg, record, result)
 
 
+def materialized(cfg: DistillConfig) -> bool:
+    """Whether the training trajectories are on disk (reused, or written by the teacher first), not streamed."""
+    return bool(cfg.data.trajectories or cfg.teacher.save_to)
+
+
 def training_trajectories(cfg: DistillConfig, record: VerifierRecord):
     """Streamed teacher output, or parquet trajectories (reused, or written first when teacher.save_to is set)."""
     taps = cfg.drafter.target_layer_ids if is_feature(cfg) else None
@@ -140,7 +148,8 @@ def training_trajectories(cfg: DistillConfig, record: VerifierRecord):
                 raise ValueError(f"data.trajectories {cfg.data.trajectories!r} hold the states of verifier layers "
                                  f"{stored}, but drafter.target_layer_ids is {list(taps)}")
         return cached(ds, cfg.data.trajectories)
-    ds = teacher_dataset(read_records(cfg.data.prompts, cfg.data.read_cpus), record, cfg, taps)
+    ds = teacher_dataset(read_records(cfg.data.prompts, cfg.data.read_cpus), record, cfg, taps,
+                         whole_batches=materialized(cfg))
     if cfg.teacher.save_to:
         save_to = cfg.teacher.save_to
         if "://" in save_to:  # remote storage: written in place
@@ -208,7 +217,7 @@ def feature_vocabulary(cfg: DistillConfig, train_ds) -> list[int] | None:
     if cfg.drafter.draft_vocab_size >= vocab:
         raise ValueError(f"drafter.draft_vocab_size must be < the verifier's vocabulary ({vocab}), got "
                          f"{cfg.drafter.draft_vocab_size}; use null for the whole vocabulary")
-    if cfg.data.trajectories or cfg.teacher.save_to:  # on disk: count the trajectories themselves
+    if materialized(cfg):  # on disk: count the trajectories themselves
         rows = train_ds.select_columns(["prompt_ids", "completion_ids"]).take_all()
         token_lists = [list(r["prompt_ids"]) + list(r["completion_ids"]) for r in rows]
     else:  # streamed: counting completions would run the teacher twice, so count the prompts

@@ -254,7 +254,8 @@ def read_records(path: str, num_cpus: float):
     return ray.data.read_parquet(path, num_cpus=num_cpus)
 
 
-def teacher_dataset(prompts, verifier: VerifierRecord, cfg, taps: list[int] | None = None) -> object:
+def teacher_dataset(prompts, verifier: VerifierRecord, cfg, taps: list[int] | None = None, *,
+                    whole_batches: bool = True) -> object:
     """prompts (a Ray dataset) -> trajectory records, sampled on an actor pool holding the verifier.
 
     ``cfg``: the job's DistillConfig (teacher, data and verifier sections are read). ``taps``: also record those
@@ -263,8 +264,10 @@ def teacher_dataset(prompts, verifier: VerifierRecord, cfg, taps: list[int] | No
 
     t = cfg.teacher
     # Whole batches: without this, a read block of 94 prompts becomes batches of 64 and 30, and a short batch
-    # decodes at little more than half the rate (batched decoding is weight-bandwidth bound on a CPU).
-    prompts = prompts.repartition(target_num_rows_per_block=t.batch_size, strict=True)
+    # decodes at little more than half the rate (batched decoding is weight-bandwidth bound on a CPU). Not while
+    # training runs beside a streamed teacher: the repartition's tasks then find no free CPU and the job stalls.
+    if whole_batches:
+        prompts = prompts.repartition(target_num_rows_per_block=t.batch_size, strict=True)
     return prompts.map_batches(
         TeacherSampler,
         fn_constructor_kwargs={

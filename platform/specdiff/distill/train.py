@@ -311,7 +311,7 @@ def train_loop(loop_config: dict) -> None:
     if start == 0:
         ray.train.report({"step": 0, **evaluate(0)})
 
-    batches = _batches(ray.train.get_dataset_shard("train"), t.batch_size, cfg.data.shuffle_buffer,
+    batches = _batches(ray.train.get_dataset_shard("train"), t.batch_size, loop_config.get("shuffle_buffer", 0),
                        cfg.run.seed * 7919 + rank + start)  # a resumed run does not replay the first epochs
     end = min(t.steps, t.stop_after or t.steps)
     step_times, data_times, losses = [], [], []
