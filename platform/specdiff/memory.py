@@ -20,14 +20,15 @@ import ctypes
 import ctypes.util
 import sys
 
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_MAX = -4
-_M_ARENA_MAX = -8
+# (mallopt option, environment variable, value): M_MMAP_MAX (-4) 0: no mmap for the heap; M_TRIM_THRESHOLD (-1):
+# never trim it; M_ARENA_MAX (-8) 1: one arena (a thread's own arena lives in 64 MB mmap'd heaps that cannot hold
+# such blocks).
+_SETTINGS = ((-4, "MALLOC_MMAP_MAX_", 0), (-1, "MALLOC_TRIM_THRESHOLD_", 2**31 - 1), (-8, "MALLOC_ARENA_MAX", 1))
 _done = False
 
 # The same for processes started with this environment (glibc reads it at start-up), e.g. Ray workers, whose
 # training thread has its own arena before any of our code runs.
-KEEP_FREED_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1), "MALLOC_ARENA_MAX": "1"}
+KEEP_FREED_ENV = {name: str(value) for _, name, value in _SETTINGS}
 
 
 def keep_freed_memory() -> bool:
@@ -43,8 +44,6 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    # One arena: a thread's own arena lives in 64 MB mmap'd heaps that cannot hold such blocks (threads that already
-    # have an arena keep it: for worker processes whose threads start before our code, see KEEP_FREED_ENV).
-    _done = all(mallopt(option, value) for option, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1),
-                                                            (_M_ARENA_MAX, 1)))
+    # Threads that already have an arena keep it: for processes whose threads start first, see KEEP_FREED_ENV.
+    _done = all(mallopt(option, value) for option, _, value in _SETTINGS)
     return _done

@@ -145,8 +145,8 @@ class SpeculationPolicy:
     ``alpha0`` at j=1 and ``decay``·α_{j-1} beyond (a position never reached inherits its predecessor's estimate;
     ``decay`` is 1.0 by default: a trained drafter accepts later positions more often once reached, and with 0.9
     the policy stayed at γ 3-5 and never learned otherwise: adaptive 1.28x plain on math against 1.94x with 1.0,
-    5 held-out prompts); for a larger K, the next smaller K's α_j raised by ``boost``·α(1-α) (half the gain of an independent
-    extra draw), so a K never tried is neither ignored nor assumed much better. Then each K's estimate is capped
+    5 held-out prompts); for a larger K, the next smaller K's α_j raised by ``boost``·α(1-α) (half the gain of an
+    independent extra draw), so a K never tried is neither ignored nor assumed much better. Then each K's estimate is capped
     by the next larger K's (selecting among fewer candidates does not accept more), so a failed round at K=4
     also lowers the estimates for K=1 and 2.
     """
@@ -264,6 +264,6 @@ class SpeculationPolicy:
             reach[j] += 1
         for j in range(min(num_accepted, len(acc))):
             acc[j] += 1
-        n = self._rounds[k]  # shared prefixes shrink a trie, a prompt-lookup candidate grows it
+        n = self._rounds[k]
         self._share[k] = (self._share[k] * (n + 1) + tree_nodes / (gamma * k)) / (n + 2)  # weak prior of 1.0
         self._rounds[k] += 1

@@ -32,10 +32,10 @@ def sample_candidates(
     not a draw from draft_probs, so speculative sampling must not use it).
     """
     drawn = num_candidates - 1 if include_argmax else num_candidates
-    if not drawn:
+    if include_argmax and not drawn:
         return marginals.argmax(-1)[None].long().contiguous(), None
     draft_probs = tempered(marginals, temperature, top_k)
-    candidates = sample(draft_probs, generator, drawn).T
+    candidates = sample(draft_probs, generator, drawn).T if drawn else marginals.new_zeros(0, marginals.shape[0])
     if include_argmax:
         candidates = torch.cat([marginals.argmax(-1)[None], candidates.long()])
     return candidates.long().contiguous(), draft_probs

@@ -198,13 +198,12 @@ def teacher_forced_eval(drafter: FeatureDrafter, verifier: HFModel, records: Seq
         drafts = out.argmax(-1)
         if drafter.config.draft_vocab_size is not None:
             drafts = drafter.model.draft_ids[drafts]
-        hits = (drafts == labels).view(-1, gamma).double()
-        survive = hits.cumprod(-1)
-        unknown = (labels < 0).view(-1, gamma)
-        cut += int((unknown & torch.cat([torch.ones_like(survive[:, :1]), survive[:, :-1]], 1).bool()).any(-1).sum())
+        survive = (drafts == labels).view(-1, gamma).double().cumprod(-1)
+        reach = torch.cat([torch.ones(len(survive), 1, dtype=torch.float64), survive[:, :-1]], 1)  # [W, γ]
+        cut += int(((labels < 0).view(-1, gamma) & reach.bool()).any(-1).sum())  # a streak reached an unknown label
         streaks.append(survive.sum(-1))
         accepted += survive.sum(0)
-        reached += torch.cat([torch.ones(len(survive), 1, dtype=torch.float64), survive[:, :-1]], 1).sum(0)
+        reached += reach.sum(0)
     alpha = (accepted / reached.clamp_min(1e-300)).tolist()
     return EvalResult(expected_streak=float(torch.cat(streaks).mean()), alpha=alpha,
                       windows=len(records) * len(offsets), cut=cut)

@@ -285,14 +285,14 @@ def train_loop(loop_config: dict) -> None:
             if greedy and loop_config.get("heldout_records"):  # read off the greedy held-out trajectories
                 result = teacher_forced_eval(drafter, verifier, loop_config["heldout_records"], cfg.eval.offsets,
                                              o.gamma)
-            how = "scored by the verifier"
-            if result is not None:
+            if result is None:
+                how = "scored by the verifier"
+                result = evaluate_feature_drafter(drafter, verifier, heldout, o.gamma, cfg.eval_sampling(),
+                                                  **options)
+            else:
                 how = "read off the held-out trajectories" + (
                     f"; {result.cut} of {result.windows} streaks cut where a trajectory is not this pass's argmax"
                     if result.cut else "")
-            if result is None:
-                result = evaluate_feature_drafter(drafter, verifier, heldout, o.gamma, cfg.eval_sampling(),
-                                                  **options)
         else:
             how = "scored by the verifier"
             result = evaluate_drafter(eval_model, drafter.config, verifier, heldout, o.gamma, cfg.eval_sampling(),
