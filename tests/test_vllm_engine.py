@@ -67,16 +67,17 @@ def runs(tmp_path_factory):
 
         # A drafter that learnt these continuations (seconds), exported for vLLM with a real draft vocabulary.
         drafter = overfit_feature_drafter(model, [p + o for p, o in zip(prompts, plain)], [len(p) for p in prompts],
-                                          gamma=GAMMA, steps=40)
+                                          gamma=GAMMA, steps=120)
         root = tmp_path_factory.mktemp("vllm")
         save_feature_drafter(drafter, root / "drafter")
         export = export_vllm(root / "drafter", root / "export", verifier_dir=verifier_dir)
         clock["drafter trained + exported"] = time.perf_counter()
 
-        # Our engine with the same drafter, window and prompts (K=1: the argmax draft, as vLLM drafts).
+        # Our engine with the same drafter, window and prompts (K=1: the argmax draft, as vLLM drafts; no prompt
+        # lookup candidate, which vLLM's dflash method does not have: with it ours accepted 33 against vLLM's 9).
         decoder = SpeculativeDecoder(drafter, HFVerifier(model, tap_layers=drafter.tap_layers))
-        ours = [decoder.generate(p, max_new_tokens=MAX_TOKENS, spec=SpecConfig(gamma=GAMMA, num_candidates=1),
-                                 seed=0) for p in prompts]
+        k1 = SpecConfig(gamma=GAMMA, num_candidates=1, prompt_lookup=False)
+        ours = [decoder.generate(p, max_new_tokens=MAX_TOKENS, spec=k1, seed=0) for p in prompts]
         clock["our engine"] = time.perf_counter()
 
         spec, metrics = vllm_greedy(verifier_dir, prompts, export.speculative_config(GAMMA))
@@ -104,8 +105,10 @@ def test_counters_show_drafts_and_accepted_tokens(runs):
 def test_vllm_accepts_what_our_engine_accepts(runs):
     """Same drafter, same prompts, greedy drafts and greedy acceptance: vLLM and our engine should accept about
     the same number of tokens. A drafter vLLM misreads (untrained: 0 accepted) falls far short; a tap shifted by
-    one layer would not (neighbouring layers are alike: 74 vs 77 accepted, measured; test_export_vllm pins the ids). Not exactly equal: the two engines' float32 kernels
-    differ, and vLLM's last round is cut at max_tokens."""
+    one layer would not (neighbouring layers are alike: 74 vs 77 accepted, measured; test_export_vllm pins the ids).
+    Not exactly equal: the two engines' float32 kernels differ, and vLLM's last round is cut at max_tokens. 120
+    training steps: at 40 the drafter accepted 9 of 96 tokens in both engines, too few to compare (ours, measured:
+    120 steps 76 accepted in 20 rounds; 80 steps 27)."""
     ours_plain = [r.tokens for r in runs["ours"]]
     assert ours_plain == runs["plain"]  # our engine at T=0 = vLLM plain = HF greedy
     ours_accepted = sum(r.stats.accepted for r in runs["ours"])
