@@ -55,10 +55,17 @@ class HFVerifier:
     """Verifier backend over any Hugging Face causal LM whose attention accepts a custom 4D mask.
 
     ``tap_layers``: decoder layers whose outputs each session keeps for every committed token (``features``), read
-    from the same forward passes that score the trees: a feature drafter's context, at no extra verifier pass."""
+    from the same forward passes that score the trees: a feature drafter's context, at no extra verifier pass.
+    ``tune_kernels``: on a CPU, time the two forms of a few-row linear product on the model's weights (once per
+    machine, kept in ``$SPECDIFF_HOME/kernels``) and use the faster one (``specdiff.kernels``)."""
 
     def __init__(self, model: torch.nn.Module, *, max_context: int | None = None,
-                 tap_layers: Sequence[int] | None = None):
+                 tap_layers: Sequence[int] | None = None, tune_kernels: bool = True):
+        if tune_kernels:
+            from .kernels import tune_small_rows
+            from .models import state_dir
+
+            self.small_rows = tune_small_rows(model, state_dir() / "kernels")
         self.hf = HFModel(model)
         self.vocab_size = self.hf.vocab_size
         self.max_context = max_context or self.hf.max_context

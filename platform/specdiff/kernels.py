@@ -1,0 +1,131 @@
+"""Few-row linear layers on a CPU: pick, by measurement on this machine, the faster of two equal products.
+
+A verifier step multiplies every weight matrix by a handful of rows: one (a plain step) or 1 + γK (a tree pass).
+Measured on a 2-core AMD EPYC with AVX2 only (torch 2.13, MKL, float32, two threads, SmolLM2-135M's weights
+streamed as in a forward): ``x @ W.T`` (``F.linear``) took 40 ms over all matrices at one row and 70-87 ms at 2-5
+rows, while the same product computed as ``(W @ x.T).T`` took 26-33 ms at 2-5 rows (2.5x less) and 51 against
+81 ms at 9 rows; at 13 rows and more the two were equal or ``F.linear`` won. A one-row product padded to two rows
+took the transposed path too (a plain decoding step: 63 -> 52 ms, the whole forward). Other CPUs, BLAS builds and
+dtypes differ (bf16 goes through oneDNN), so nothing is assumed: ``tune_small_rows`` times both forms on the
+model's own weights for a few row counts and switches only the counts where the transposed form wins; the plan
+is memoised per process and, given a folder, on disk.
+
+The two forms compute the same sums in another order: results differ in the last bits, as they do between any two
+BLAS kernels (a one-row GEMV and a nine-row GEMM already do).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROWS = (1, 2, 4, 8, 12)  # row counts timed; a count between two timed ones follows the lower one, above: F.linear
+WIN = 0.9  # the transposed form must take at most this fraction of F.linear's time
+
+
+class SmallRowsLinear(torch.nn.Linear):
+    """``nn.Linear`` whose forward takes the transposed product for the row counts in ``small_rows``."""
+
+    small_rows: tuple[int, ...] = ()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if not rows or rows > ROWS[-1] or not _takes(self.small_rows, rows) or torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        out = transposed_linear(x.reshape(rows, x.shape[-1]), self.weight, self.bias)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for 2-D ``x`` as ``(weight @ x.T).T``; one row is padded to two."""
+    one = x.shape[0] == 1
+    out = (weight @ (torch.cat([x, x]) if one else x).T).T
+    out = out[:1] if one else out
+    return out + bias if bias is not None else out
+
+
+def _takes(small_rows: tuple[int, ...], rows: int) -> bool:
+    i = bisect.bisect_right(ROWS, rows) - 1
+    return i >= 0 and ROWS[i] in small_rows
+
+
+def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if type(m) in (torch.nn.Linear, SmallRowsLinear)]
+
+
+def plan_key(model: torch.nn.Module) -> str:
+    """What a plan depends on: the CPU, torch, threads, and the weights' shapes and dtype."""
+    shapes = sorted({(tuple(m.weight.shape), str(m.weight.dtype)) for m in _linears(model)})
+    text = json.dumps([platform.processor() or platform.machine(), _cpu_model(), torch.__version__,
+                       torch.get_num_threads(), torch.backends.cpu.get_cpu_capability(), shapes])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+_PLANS: dict[str, tuple[int, ...]] = {}
+
+
+@torch.no_grad()
+def measure_small_rows(model: torch.nn.Module, repeats: int = 2) -> dict[int, tuple[float, float]]:
+    """{rows: (seconds with F.linear, seconds transposed)} over all of ``model``'s linear weights, best of
+    ``repeats``, the two forms interleaved (a noisy machine slows both alike)."""
+    weights = [m.weight for m in _linears(model)]
+    best: dict[int, list[float]] = {r: [float("inf"), float("inf")] for r in ROWS}
+    for _ in range(repeats):
+        for r in ROWS:
+            xs = {w.shape[1]: torch.randn(r, w.shape[1], dtype=w.dtype) for w in weights}
+            for form, fn in enumerate((F.linear, transposed_linear)):
+                began = time.perf_counter()
+                for w in weights:
+                    fn(xs[w.shape[1]], w)
+                best[r][form] = min(best[r][form], time.perf_counter() - began)
+    return {r: (a, b) for r, (a, b) in best.items()}
+
+
+def tune_small_rows(model: torch.nn.Module, cache_dir: Path | None = None) -> tuple[int, ...]:
+    """Time both forms on ``model``'s weights (CPU only; memoised per process and in ``cache_dir`` when given),
+    switch its ``nn.Linear`` modules to ``SmallRowsLinear`` with the row counts where the transposed form won, and
+    return those counts (empty: nothing changes)."""
+    linears = _linears(model)
+    if not linears or linears[0].weight.device.type != "cpu":
+        return ()
+    key = plan_key(model)
+    plan = _PLANS.get(key)
+    path = cache_dir / f"small_rows-{key}.json" if cache_dir is not None else None
+    if plan is None and path is not None and path.exists():
+        try:
+            plan = tuple(json.loads(path.read_text())["small_rows"])
+        except (OSError, ValueError, KeyError, TypeError):
+            plan = None
+    if plan is None:
+        timings = measure_small_rows(model)
+        plan = tuple(r for r, (stock, transposed) in timings.items() if transposed <= WIN * stock)
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"small_rows": plan, "seconds": {r: t for r, t in timings.items()}}))
+                tmp.replace(path)
+            except OSError:
+                pass  # a read-only state folder: measure again next time
+    _PLANS[key] = plan
+    for m in linears:
+        m.__class__ = SmallRowsLinear if plan else torch.nn.Linear
+        m.small_rows = plan
+    return plan
