@@ -201,8 +201,13 @@ def publish(src: Path, dst: Path, record: dict) -> Path:
     return dst
 
 
-def build_default(force: bool = False) -> Path:
-    """The default drafter folder, built first if missing (about 15 minutes on 2 CPU cores)."""
+FIRST_RUN_S = 15 * 60  # a fresh `python jobs/generate.py` (build, then its decode) should take at most this
+DECODE_RESERVE_S = 75  # of it: distill's start-up before its clock runs, then generate.py's load and two decodes
+
+
+def build_default(force: bool = False, budget_s: float | None = FIRST_RUN_S) -> Path:
+    """The default drafter folder, built first if missing (at most ``budget_s`` on any machine, the decode that
+    follows included: a slower CPU trains fewer of the recipe's steps; None: all of them)."""
     target = default_drafter_dir()
     if target.is_dir() and not force:
         return target
@@ -214,7 +219,13 @@ def build_default(force: bool = False) -> Path:
     print(f"building the default drafter for {DEFAULT_VERIFIER} (once; logs in {work})", flush=True)
     write_prompts(work)
     prompts_s = time.perf_counter() - began
-    feature = distill("feature drafter: teacher + streak-distillation", "smollm2-feature.yaml", work, "feature", [])
+    budget = []
+    if budget_s and not quick():
+        left = budget_s - (time.perf_counter() - began) - DECODE_RESERVE_S
+        budget = [f"train.time_budget_s={max(60.0, left):.0f}"]
+    feature = distill("feature drafter: teacher + streak-distillation", "smollm2-feature.yaml", work, "feature",
+                      budget)
+    recipe_steps = yaml.safe_load((CONFIGS / "smollm2-feature.yaml").read_text())["train"]["steps"]
     record = {"recipe": ["jobs/configs/smollm2-feature.yaml"], "stages": {"feature": feature},
               "prompts_s": round(prompts_s, 1), "wall_s": round(time.perf_counter() - began, 1)}
     publish(work / "feature", target, record)
@@ -222,6 +233,10 @@ def build_default(force: bool = False) -> Path:
           f"  stage times: prompts + held-out trajectories {prompts_s:.0f} s, teacher + training "
           f"{feature['wall_s']:.0f} s\n  held-out expected streak {feature.get('initial_expected_streak') or 0:.3f} "
           f"-> {feature.get('expected_streak') or 0:.3f}", flush=True)
+    if budget and feature.get("step", recipe_steps) < recipe_steps:
+        print(f"  trained {feature['step']} of the recipe's {recipe_steps} steps: what fitted the first run's "
+              f"{budget_s / 60:.0f}-minute budget on this machine (the full recipe: python jobs/build_drafter.py "
+              "--force --budget-minutes 0)", flush=True)
     return target
 
 
@@ -347,12 +362,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ablations", action="store_true", help="also build the bench's ablation drafters")
     parser.add_argument("--force", action="store_true", help="rebuild what exists")
+    parser.add_argument("--budget-minutes", type=float, default=FIRST_RUN_S / 60,
+                        help="wall-clock budget of the default drafter's build plus a first decode; a slower machine "
+                        "trains fewer steps to fit it (0: the whole recipe, however long it takes; default "
+                        "%(default).0f)")
     parser.add_argument("--register", action="store_true",
                         help=f"register the verifier and the default drafter in the registry as family {FAMILY!r} and "
                         "promote the pair if it is at least as good as production (docs/registry.md)")
     args = parser.parse_args(argv)
     try:
-        target = build_default(force=args.force)
+        target = build_default(force=args.force, budget_s=args.budget_minutes * 60 or None)
         if args.register:
             register_default(target)
         if args.ablations:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,25 @@ def test_stopped_run_resumes_from_its_step_and_survives_a_killed_worker(assets, 
     # the latest checkpoint the controller had registered (15, or 10 if the step-15 report was still in flight).
     assert starts[:2] == [0, 10] and len(starts) == 3 and starts[2] in (10, 15)
     assert [e[0] for e in final_state(second)["evals"]][:2] == [0, 10]  # no second step-0 evaluation
+
+
+def test_time_budget_ends_the_run_early_and_finished(assets, trajectories, tmp_path):
+    from specdiff.drafter import drafter_meta
+
+    # 100000 steps would take hours; a 60 s budget (from the job's start, Ray and data set-up included) trains what
+    # fits (at least 6 steps: the plan is first made at step 5), then ends like a full run: final evaluation,
+    # checkpoint, drafter, finished.
+    began = time.monotonic()
+    summary = short_run(assets, tmp_path, trajectories, "train.steps=100000", "train.time_budget_s=60",
+                        "eval.every=100000", "train.checkpoint_every=100000", "train.log_every=50")
+    wall = time.monotonic() - began
+    state = final_state(summary)
+    print(f"time budget 60 s: {summary.step} steps, {wall:.0f} s")
+    assert summary.finished and 6 <= summary.step < 100000 and Path(summary.output_dir).is_dir()
+    assert state["planned_steps"] == summary.step and [e[0] for e in state["evals"]] == [0, summary.step]
+    assert wall < 60 + 60  # the budget, plus the driver's start before the clock runs and the final write
+    meta = drafter_meta(summary.output_dir)
+    assert meta["training"]["steps"] == summary.step and meta["training"]["recipe_steps"] == 100000
 
 
 def test_feature_drafter_job_learns_from_the_verifiers_states(assets, ray_session, tmp_path):

@@ -18,6 +18,7 @@ from specdiff.distill.train import (
     apply_lora,
     load_checkpoint,
     lr_factor,
+    steps_that_fit,
     save_checkpoint,
     window_loss,
 )
@@ -105,6 +106,14 @@ def test_lr_schedule():
     assert lr_factor(20, 4, 20, "cosine") == pytest.approx(0.0)
     assert lr_factor(12, 4, 20, "linear") == pytest.approx(0.5)
     assert lr_factor(19, 0, 20, "constant") == 1.0
+
+
+def test_steps_that_fit_a_time_budget():
+    assert steps_that_fit(100, 600, remaining_s=300.0, step_s=1.5) == 300  # 200 more steps fit
+    assert steps_that_fit(100, 600, remaining_s=3000.0, step_s=1.5) == 600  # never past the recipe
+    assert steps_that_fit(100, 600, remaining_s=-5.0, step_s=1.5) == 101  # over budget: end after one more step
+    assert steps_that_fit(100, 600, remaining_s=1.4, step_s=1.5) == 101
+    assert steps_that_fit(100, 600, remaining_s=10.0, step_s=0.0) == 600  # no measurement yet: no change
 
 
 @pytest.mark.parametrize("kind", ["streak", "ar_distill", "naive", "mdm"])

@@ -151,6 +151,12 @@ class TrainSection(Section):
     steps: int = Field(100, ge=1, description="Optimizer steps (the schedule spans these).")
     stop_after: int | None = Field(None, ge=1, description="End this run after this step with a checkpoint; "
                                    "rerun the same run name to continue.")
+    time_budget_s: float | None = Field(
+        None, gt=0, description="Wall-clock seconds for the whole run, counted from the job's start (Ray start, "
+        "teacher sampling and evaluations included). Where the remaining steps do not fit at the measured step "
+        "time, the run trains the steps that do: the learning-rate schedule and the CE warm-up "
+        "(objective.warmup_ce_steps) shrink in proportion, and the run ends there, finished, with its final "
+        "evaluation and drafter. None: every one of train.steps.")
     batch_size: int = Field(4, ge=1, description="Teacher completions per worker per step (x windows_per_sample).")
     lr: float = Field(2e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +38,7 @@ LOCAL_FIELDS = ("run.storage_path", "run.output_dir", "verifier.path", "data.pro
 @dataclass
 class DistillSummary:
     step: int  # last optimizer step reached
-    finished: bool  # step == train.steps (False after train.stop_after)
+    finished: bool  # step == train.steps, or fewer where train.time_budget_s ended it (False after stop_after)
     output_dir: str | None  # the drafter folder, when finished
     metrics: dict = field(default_factory=dict)  # rank 0's last reported metrics
     verifier: dict = field(default_factory=dict)
@@ -81,6 +82,7 @@ def run(cfg: DistillConfig) -> DistillSummary:
     import ray.train
     from ray.train.torch import TorchTrainer
 
+    began = time.time()  # train.time_budget_s counts from here (wall clock: the workers compare against it)
     cfg = absolutize(cfg)
     cfg.check_paths()
     record = verifier_record(cfg.verifier.path, cfg.verifier.name, cfg.verifier.version)
@@ -106,7 +108,7 @@ def run(cfg: DistillConfig) -> DistillSummary:
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"config": cfg.model_dump(mode="json"), "verifier_record": record.to_dict(),
-                           "heldout_prefixes": prefixes, "draft_vocabulary": vocabulary,
+                           "heldout_prefixes": prefixes, "draft_vocabulary": vocabulary, "job_started": began,
                            # Saved trajectories are shuffled every epoch; a streamed teacher's are not (a shuffle
                            # buffer would hold training back until the teacher had sampled the whole epoch).
                            "shuffle_buffer": cfg.data.shuffle_buffer if materialized(cfg) else 0,
@@ -238,14 +240,15 @@ def feature_vocabulary(cfg: DistillConfig, train_ds) -> list[int] | None:
 def summarize(cfg: DistillConfig, record: VerifierRecord, result) -> DistillSummary:
     metrics = dict(result.metrics or {})
     step = int(metrics.get("step", 0))
-    summary = DistillSummary(step=step, finished=step == cfg.train.steps, output_dir=None, metrics=metrics,
-                             verifier=record.to_dict())
+    summary = DistillSummary(step=step, finished=step == metrics.get("planned_steps", cfg.train.steps),
+                             output_dir=None, metrics=metrics, verifier=record.to_dict())
     if result.checkpoint is None:
         return summary
     with result.checkpoint.as_directory() as d:
         summary.checkpoint = result.checkpoint.path
-        summary.step = json.loads((Path(d) / STATE).read_text())["step"]
-        summary.finished = summary.step == cfg.train.steps
+        state = json.loads((Path(d) / STATE).read_text())
+        summary.step = state["step"]
+        summary.finished = summary.step == state.get("planned_steps", cfg.train.steps)  # a budget may end it early
         src = Path(d) / DRAFTER_DIR
         if summary.finished and src.is_dir():
             out = Path(cfg.run.output_dir)

@@ -120,6 +120,28 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
     return 1.0
 
 
+BUDGET_RESERVE_S = 10.0  # of a time budget, kept for the final checkpoint and drafter (plus two evaluations)
+
+
+def steps_that_fit(step: int, steps: int, remaining_s: float, step_s: float) -> int:
+    """The last step a run at ``step`` can reach in ``remaining_s`` seconds at ``step_s`` seconds a step: at least
+    one more step, at most ``steps``."""
+    if not step_s > 0:
+        return steps
+    return max(step + 1, min(steps, step + int(max(0.0, remaining_s) // step_s)))
+
+
+def _agree_min(value: int, world: int) -> int:
+    """The smallest of the ranks' ``value`` (every rank must plan the same last step, or DDP would hang)."""
+    if world == 1:
+        return value
+    import torch.distributed as dist
+
+    x = torch.tensor([value])
+    dist.all_reduce(x, op=dist.ReduceOp.MIN)
+    return int(x)
+
+
 def window_loss(hf: HFModel, drafter: HFDiffusionDrafter, cfg: DistillConfig, batch: WindowBatch,
                 generator: torch.Generator) -> torch.Tensor:
     """The configured objective on one batch of windows (gradients flow through ``hf``)."""
@@ -232,8 +254,9 @@ def train_loop(loop_config: dict) -> None:
         freeze_vocabulary_rows(drafter.model, drafter.config.vocab_size)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+    plan = {"total": t.steps}  # the schedule's last step: fewer than t.steps where a time budget says so
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, t.warmup_steps, t.steps, t.schedule))
+        optimizer, lambda s: lr_factor(s, t.warmup_steps, plan["total"], t.schedule))
     generator = torch.Generator().manual_seed(cfg.run.seed * 7919 + rank)
 
     # starts: the step each attempt began at (a resumed run continues from its checkpoint, not from 0).
@@ -246,6 +269,7 @@ def train_loop(loop_config: dict) -> None:
             raise ValueError(f"run {cfg.run.name!r} was trained against verifier {state['verifier_digest']}, got "
                              f"{record['digest']}; use a new run.name to start over")
     start = state["step"]
+    plan["total"] = state.get("planned_steps", t.steps)
     state["starts"].append(start)
     if rank == 0:
         _log_attempt(cfg, start)
@@ -268,6 +292,8 @@ def train_loop(loop_config: dict) -> None:
     if rank == 0:
         print(f"[distill] training precision: {'bf16 autocast' if use_bf16 else 'fp32'} (train.precision="
               f"{t.precision})", flush=True)
+
+    eval_s = [0.0]  # the last evaluation's duration (rank 0), kept back from a time budget
 
     def evaluate(step: int) -> dict:
         if rank != 0:
@@ -304,8 +330,9 @@ def train_loop(loop_config: dict) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             history = [(s, EvalResult(e, a, len(heldout))) for s, e, a in state["evals"]]
             tracker.log_artifact(alpha_plot(history, os.path.join(tmp, "alpha_per_position.png")), "plots")
+        eval_s[0] = time.perf_counter() - began
         print(f"[distill] eval step {step}: expected streak {result.expected_streak:.3f} "
-              f"alpha {[round(a, 3) for a in result.alpha]} ({time.perf_counter() - began:.1f}s, {how})", flush=True)
+              f"alpha {[round(a, 3) for a in result.alpha]} ({eval_s[0]:.1f}s, {how})", flush=True)
         return {**metrics, "eval/initial_expected_streak": state["evals"][0][1]}
 
     if start == 0:
@@ -313,8 +340,9 @@ def train_loop(loop_config: dict) -> None:
 
     batches = _batches(ray.train.get_dataset_shard("train"), t.batch_size, loop_config.get("shuffle_buffer", 0),
                        cfg.run.seed * 7919 + rank + start)  # a resumed run does not replay the first epochs
-    end = min(t.steps, t.stop_after or t.steps)
-    step_times, data_times, losses = [], [], []
+    job_started = loop_config.get("job_started") or time.time()
+    end = min(plan["total"], t.stop_after or t.steps)
+    step_times, data_times, losses, recent = [], [], [], []
     step = start
     while step < end:
         began = time.perf_counter()
@@ -323,7 +351,10 @@ def train_loop(loop_config: dict) -> None:
         prepared.train()
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
             if feature:
-                objective = o if step >= o.warmup_ce_steps or o.kind != "streak" else o.model_copy(
+                # The CE warm-up spans the same share of a budget-shortened schedule; once past it, never back.
+                if "streak_from" not in state and step >= o.warmup_ce_steps * plan["total"] // t.steps:
+                    state["streak_from"] = step
+                objective = o if "streak_from" in state or o.kind != "streak" else o.model_copy(
                     update={"kind": "decayed_ce"})
                 loss = feature_loss(drafter, prepared, objective, records, generator)
             else:
@@ -337,7 +368,16 @@ def train_loop(loop_config: dict) -> None:
         step += 1
         state["step"] = step
         step_times.append(time.perf_counter() - began)
+        recent = (recent + [step_times[-1]])[-20:]
         losses.append(loss.item())
+        if t.time_budget_s and step - start >= 5 and step % 5 == 0:  # re-plan from the measured step time
+            remaining = t.time_budget_s - (time.time() - job_started) - BUDGET_RESERVE_S - 2 * eval_s[0]
+            total = _agree_min(steps_that_fit(step, t.steps, remaining, sum(recent) / len(recent)), world)
+            if total != plan["total"] and rank == 0:
+                print(f"[distill] time budget: {total} of {t.steps} steps fit ({sum(recent) / len(recent):.2f} s a "
+                      f"step, {t.time_budget_s - (time.time() - job_started):.0f} s left)", flush=True)
+            plan["total"] = state["planned_steps"] = total
+            end = min(total, t.stop_after or t.steps)
 
         if cfg.fault.kill_at_step == step and cfg.fault.kill_rank == rank:
             marker = Path(cfg.run.storage_path) / cfg.run.name / "fault_injected"
@@ -347,7 +387,7 @@ def train_loop(loop_config: dict) -> None:
                 print(f"[distill] fault injection: SIGKILL rank {rank} at step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        metrics = {"step": step}
+        metrics = {"step": step, "planned_steps": plan["total"]}
         if step % t.log_every == 0 or step == end:
             train_metrics = {"train/loss": sum(losses) / len(losses), "train/lr": scheduler.get_last_lr()[0],
                              "train/step_s": sum(step_times) / len(step_times),
@@ -356,7 +396,7 @@ def train_loop(loop_config: dict) -> None:
                 train_metrics["train/grad_norm"] = float(grad_norm)
             tracker.log_metrics(train_metrics, step)
             if rank == 0:
-                print(f"[distill] step {step}/{t.steps} loss {train_metrics['train/loss']:.4f} "
+                print(f"[distill] step {step}/{plan['total']} loss {train_metrics['train/loss']:.4f} "
                       f"lr {train_metrics['train/lr']:.2e} {train_metrics['train/step_s']:.3f}s/step "
                       f"(waiting for data {train_metrics['train/data_wait_s']:.3f}s)", flush=True)
             metrics.update(train_metrics)
@@ -366,10 +406,10 @@ def train_loop(loop_config: dict) -> None:
             metrics.update(evaluate(step))
         if step % t.checkpoint_every == 0 or last:
             _report_with_checkpoint(metrics, rank, model, optimizer, scheduler, generator, state,
-                                    final=step == t.steps, drafter=drafter, cfg=cfg, record=record)
+                                    final=step == plan["total"], drafter=drafter, cfg=cfg, record=record)
         elif step % cfg.eval.every == 0:
             ray.train.report(metrics)
-    if step == t.steps:
+    if step == plan["total"]:
         tracker.finish()
 
 
@@ -413,6 +453,8 @@ def _write_drafter(path: Path, model, drafter: HFDiffusionDrafter, cfg: DistillC
             "objective": cfg.objective.model_dump(mode="json"),
             "teacher": cfg.teacher.model_dump(mode="json", exclude={"save_to"}),
             "steps": state["step"],
+            "recipe_steps": cfg.train.steps,  # more than "steps" where train.time_budget_s shortened the run
+            "time_budget_s": cfg.train.time_budget_s,
             "lora": cfg.train.lora.model_dump(mode="json") if cfg.train.lora.enabled else None,
             "heldout_expected_streak": {"initial": evals[0][1] if evals else None,
                                         "final": evals[-1][1] if evals else None},
