@@ -3,6 +3,7 @@
     python jobs/build_drafter.py               # the default drafter -> $SPECDIFF_HOME/drafters/default
     python jobs/build_drafter.py --ablations   # + the bench's ablation drafters (objectives, standalone, AR)
     python jobs/build_drafter.py --force       # rebuild even if a drafter is there
+    python jobs/build_drafter.py --budget-minutes 0   # the whole recipe, however long it takes (default: 15 min)
     python jobs/build_drafter.py --register    # + register the pair in the MLflow registry, promote it to production
 
 Recipe (configs in jobs/configs/, each stage one `jobs/distill.py` run on a local Ray):
