@@ -61,6 +61,7 @@ class HFVerifier:
 
     def __init__(self, model: torch.nn.Module, *, max_context: int | None = None,
                  tap_layers: Sequence[int] | None = None, tune_kernels: bool = True):
+        self.small_rows: tuple[int, ...] = ()  # row counts that take the transposed product (specdiff.kernels)
         if tune_kernels:
             from .kernels import tune_small_rows
             from .models import state_dir
