@@ -6,8 +6,8 @@ Defaults: the embedded SmolLM2-135M-Instruct verifier, the dtype this machine ru
 bfloat16 on a GPU or a CPU with native bf16, else float32), greedy decoding (T=0). The drafter is
 ``--drafter DIR`` (a directory written by ``jobs/distill.py`` / ``save_drafter``), else the default drafter in the
 state directory, which the first run builds with ``jobs/build_drafter.py`` (within a 15-minute budget: a slower
-CPU trains fewer of the recipe's steps; with a progress display; later runs start in seconds). ``--untrained`` skips that and drafts with verifier layers that were
-never aligned (expect tau near 1 and a slowdown). At T=0 the script checks that both outputs are identical.
+CPU trains fewer of the recipe's steps; with a progress display; later runs start in seconds). ``--untrained``
+skips that and drafts with verifier layers that were never aligned (expect tau near 1 and a slowdown). At T=0 the script checks that both outputs are identical.
 """
 
 from __future__ import annotations

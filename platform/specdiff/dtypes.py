@@ -39,17 +39,24 @@ ENV_FAKE_NO_BF16 = "SPECDIFF_FAKE_NO_BF16"
 _BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 (/proc/cpuinfo "flags"), Arm ("Features")
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_bf16_flags() -> tuple[str, ...]:
-    """The bf16 flags the CPU advertises in /proc/cpuinfo (empty where the file is missing, e.g. macOS)."""
+@functools.lru_cache(maxsize=None)
+def cpuinfo_value(*keys: str) -> str:
+    """The value of the first /proc/cpuinfo line whose key is one of ``keys`` ("" where the file or the key is
+    missing, e.g. macOS)."""
     path = Path("/proc/cpuinfo")
     if not path.is_file():
-        return ()
+        return ""
     for line in path.read_text(errors="replace").splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return tuple(f for f in _BF16_FLAGS if f in value.split())
-    return ()
+        if key.strip() in keys:
+            return value.strip()
+    return ""
+
+
+def cpu_bf16_flags() -> tuple[str, ...]:
+    """The bf16 flags the CPU advertises in /proc/cpuinfo (empty where the file is missing, e.g. macOS)."""
+    flags = cpuinfo_value("flags", "Features").split()
+    return tuple(f for f in _BF16_FLAGS if f in flags)
 
 
 def cpu_has_native_bf16() -> bool:

@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .dtypes import cpuinfo_value
+
 ROWS = (1, 2, 4, 8, 12)  # row counts timed; a count between two timed ones follows the lower one, above: F.linear
 WIN = 0.9  # the transposed form must take at most this fraction of F.linear's time
 
@@ -63,19 +65,9 @@ def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
 def plan_key(model: torch.nn.Module) -> str:
     """What a plan depends on: the CPU, torch, threads, and the weights' shapes and dtype."""
     shapes = sorted({(tuple(m.weight.shape), str(m.weight.dtype)) for m in _linears(model)})
-    text = json.dumps([platform.processor() or platform.machine(), _cpu_model(), torch.__version__,
+    text = json.dumps([platform.processor() or platform.machine(), cpuinfo_value("model name"), torch.__version__,
                        torch.get_num_threads(), torch.backends.cpu.get_cpu_capability(), shapes])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 _PLANS: dict[str, tuple[int, ...]] = {}
@@ -120,7 +112,7 @@ def tune_small_rows(model: torch.nn.Module, cache_dir: Path | None = None) -> tu
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"small_rows": plan, "seconds": {r: t for r, t in timings.items()}}))
+                tmp.write_text(json.dumps({"small_rows": plan, "seconds": timings}))
                 tmp.replace(path)
             except OSError:
                 pass  # a read-only state folder: measure again next time

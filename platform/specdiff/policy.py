@@ -146,9 +146,9 @@ class SpeculationPolicy:
     ``decay`` is 1.0 by default: a trained drafter accepts later positions more often once reached, and with 0.9
     the policy stayed at γ 3-5 and never learned otherwise: adaptive 1.28x plain on math against 1.94x with 1.0,
     5 held-out prompts); for a larger K, the next smaller K's α_j raised by ``boost``·α(1-α) (half the gain of an
-    independent extra draw), so a K never tried is neither ignored nor assumed much better. Then each K's estimate is capped
-    by the next larger K's (selecting among fewer candidates does not accept more), so a failed round at K=4
-    also lowers the estimates for K=1 and 2.
+    independent extra draw), so a K never tried is neither ignored nor assumed much better. Then each K's estimate
+    is capped by the next larger K's (selecting among fewer candidates does not accept more), so a failed round at
+    K=4 also lowers the estimates for K=1 and 2.
     """
 
     def __init__(

@@ -10,6 +10,7 @@ Decisions about when to report depend only on the step, so all ranks call ``ray.
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import math
@@ -254,13 +255,19 @@ def train_loop(loop_config: dict) -> None:
         freeze_vocabulary_rows(drafter.model, drafter.config.vocab_size)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
-    plan = {"total": t.steps}  # the schedule's last step: fewer than t.steps where a time budget says so
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, t.warmup_steps, plan["total"], t.schedule))
-    generator = torch.Generator().manual_seed(cfg.run.seed * 7919 + rank)
-
     # starts: the step each attempt began at (a resumed run continues from its checkpoint, not from 0).
+    # planned_steps: the schedule's last step, fewer than train.steps where a time budget says so.
     state = {"step": 0, "run_id": None, "evals": [], "starts": [], "verifier_digest": record["digest"]}
+
+    def planned() -> int:
+        return state.get("planned_steps", t.steps)  # a checkpoint from before time budgets has none
+
+    def end() -> int:
+        return min(planned(), t.stop_after or t.steps)
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, t.warmup_steps, planned(),
+                                                                                t.schedule))
+    generator = torch.Generator().manual_seed(cfg.run.seed * 7919 + rank)
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
@@ -269,7 +276,6 @@ def train_loop(loop_config: dict) -> None:
             raise ValueError(f"run {cfg.run.name!r} was trained against verifier {state['verifier_digest']}, got "
                              f"{record['digest']}; use a new run.name to start over")
     start = state["step"]
-    plan["total"] = state.get("planned_steps", t.steps)
     state["starts"].append(start)
     if rank == 0:
         _log_attempt(cfg, start)
@@ -293,9 +299,10 @@ def train_loop(loop_config: dict) -> None:
         print(f"[distill] training precision: {'bf16 autocast' if use_bf16 else 'fp32'} (train.precision="
               f"{t.precision})", flush=True)
 
-    eval_s = [0.0]  # the last evaluation's duration (rank 0), kept back from a time budget
+    eval_s = 0.0  # the last evaluation's duration (rank 0), kept back from a time budget
 
     def evaluate(step: int) -> dict:
+        nonlocal eval_s
         if rank != 0:
             return {}
         began = time.perf_counter()
@@ -330,9 +337,9 @@ def train_loop(loop_config: dict) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             history = [(s, EvalResult(e, a, len(heldout))) for s, e, a in state["evals"]]
             tracker.log_artifact(alpha_plot(history, os.path.join(tmp, "alpha_per_position.png")), "plots")
-        eval_s[0] = time.perf_counter() - began
+        eval_s = time.perf_counter() - began
         print(f"[distill] eval step {step}: expected streak {result.expected_streak:.3f} "
-              f"alpha {[round(a, 3) for a in result.alpha]} ({eval_s[0]:.1f}s, {how})", flush=True)
+              f"alpha {[round(a, 3) for a in result.alpha]} ({eval_s:.1f}s, {how})", flush=True)
         return {**metrics, "eval/initial_expected_streak": state["evals"][0][1]}
 
     if start == 0:
@@ -341,10 +348,10 @@ def train_loop(loop_config: dict) -> None:
     batches = _batches(ray.train.get_dataset_shard("train"), t.batch_size, loop_config.get("shuffle_buffer", 0),
                        cfg.run.seed * 7919 + rank + start)  # a resumed run does not replay the first epochs
     job_started = loop_config.get("job_started") or time.time()
-    end = min(plan["total"], t.stop_after or t.steps)
-    step_times, data_times, losses, recent = [], [], [], []
+    step_times, data_times, losses = [], [], []
+    recent = collections.deque(maxlen=20)  # the step times a time budget plans from
     step = start
-    while step < end:
+    while step < end():
         began = time.perf_counter()
         records = next(batches)
         data_times.append(time.perf_counter() - began)
@@ -352,7 +359,7 @@ def train_loop(loop_config: dict) -> None:
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
             if feature:
                 # The CE warm-up spans the same share of a budget-shortened schedule; once past it, never back.
-                if "streak_from" not in state and step >= o.warmup_ce_steps * plan["total"] // t.steps:
+                if "streak_from" not in state and step >= o.warmup_ce_steps * planned() // t.steps:
                     state["streak_from"] = step
                 objective = o if "streak_from" in state or o.kind != "streak" else o.model_copy(
                     update={"kind": "decayed_ce"})
@@ -368,16 +375,15 @@ def train_loop(loop_config: dict) -> None:
         step += 1
         state["step"] = step
         step_times.append(time.perf_counter() - began)
-        recent = (recent + [step_times[-1]])[-20:]
+        recent.append(step_times[-1])
         losses.append(loss.item())
         if t.time_budget_s and step - start >= 5 and step % 5 == 0:  # re-plan from the measured step time
-            remaining = t.time_budget_s - (time.time() - job_started) - BUDGET_RESERVE_S - 2 * eval_s[0]
-            total = _agree_min(steps_that_fit(step, t.steps, remaining, sum(recent) / len(recent)), world)
-            if total != plan["total"] and rank == 0:
-                print(f"[distill] time budget: {total} of {t.steps} steps fit ({sum(recent) / len(recent):.2f} s a "
-                      f"step, {t.time_budget_s - (time.time() - job_started):.0f} s left)", flush=True)
-            plan["total"] = state["planned_steps"] = total
-            end = min(total, t.stop_after or t.steps)
+            left, step_s = t.time_budget_s - (time.time() - job_started), sum(recent) / len(recent)
+            total = _agree_min(steps_that_fit(step, t.steps, left - BUDGET_RESERVE_S - 2 * eval_s, step_s), world)
+            if total != planned() and rank == 0:
+                print(f"[distill] time budget: {total} of {t.steps} steps fit ({step_s:.2f} s a step, {left:.0f} s "
+                      "left)", flush=True)
+            state["planned_steps"] = total
 
         if cfg.fault.kill_at_step == step and cfg.fault.kill_rank == rank:
             marker = Path(cfg.run.storage_path) / cfg.run.name / "fault_injected"
@@ -387,8 +393,9 @@ def train_loop(loop_config: dict) -> None:
                 print(f"[distill] fault injection: SIGKILL rank {rank} at step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        metrics = {"step": step, "planned_steps": plan["total"]}
-        if step % t.log_every == 0 or step == end:
+        metrics = {"step": step, "planned_steps": planned()}
+        last = step == end()
+        if step % t.log_every == 0 or last:
             train_metrics = {"train/loss": sum(losses) / len(losses), "train/lr": scheduler.get_last_lr()[0],
                              "train/step_s": sum(step_times) / len(step_times),
                              "train/data_wait_s": sum(data_times) / len(data_times)}
@@ -396,20 +403,19 @@ def train_loop(loop_config: dict) -> None:
                 train_metrics["train/grad_norm"] = float(grad_norm)
             tracker.log_metrics(train_metrics, step)
             if rank == 0:
-                print(f"[distill] step {step}/{plan['total']} loss {train_metrics['train/loss']:.4f} "
+                print(f"[distill] step {step}/{planned()} loss {train_metrics['train/loss']:.4f} "
                       f"lr {train_metrics['train/lr']:.2e} {train_metrics['train/step_s']:.3f}s/step "
                       f"(waiting for data {train_metrics['train/data_wait_s']:.3f}s)", flush=True)
             metrics.update(train_metrics)
             step_times, data_times, losses = [], [], []
-        last = step == end
         if step % cfg.eval.every == 0 or last:
             metrics.update(evaluate(step))
         if step % t.checkpoint_every == 0 or last:
             _report_with_checkpoint(metrics, rank, model, optimizer, scheduler, generator, state,
-                                    final=step == plan["total"], drafter=drafter, cfg=cfg, record=record)
+                                    final=step == planned(), drafter=drafter, cfg=cfg, record=record)
         elif step % cfg.eval.every == 0:
             ray.train.report(metrics)
-    if step == plan["total"]:
+    if step == planned():
         tracker.finish()
 
 
