@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from helpers import OracleDrafter
 from specdiff import HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, build_small_drafter, generate_plain
-from specdiff.policy import PLAIN, SpeculationCosts, SpeculationPolicy
+from specdiff import rounds as R
+from specdiff.policy import PLAIN, SpeculationCosts, SpeculationPolicy, calibration_sizes
 
 # A CPU-like profile: a plain step 50 ms, each extra trie node 1 ms, a drafter call 10 ms.
 COSTS = SpeculationCosts.affine(draft_s=0.010, base_s=0.049, per_node_s=0.001)
@@ -68,6 +70,46 @@ def test_explicit_values_bound_the_menu():
     assert {k for _, k in run(policy, 50, lambda g, k: g // 2)} <= {0, 1}
     policy = SpeculationPolicy.from_spec(SpecConfig(max_gamma=3, max_candidates=2), CHEAP)
     assert max(g for g, _ in run(policy, 50, lambda g, k: g)) == 3 and policy.ks == [1, 2]
+
+
+def test_a_round_with_more_candidates_teaches_the_smaller_ks():
+    policy = SpeculationPolicy(COSTS, gammas=range(1, 5), ks=[1, 2, 4], allow_plain=True)
+    candidates = torch.tensor([[1, 2, 3, 4], [1, 5, 6, 7], [8, 9, 9, 9], [8, 9, 9, 8]])
+    # T=0: row 0 (the argmax window) keeps 1 token, row 1 all 4, rows 2-3 none.
+    streaks = torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]])
+    for _ in range(20):
+        policy.observe(4, 4, 4, 11, candidates=candidates, streak_probs=streaks)
+    alphas = policy.alphas()
+    assert alphas[1][0] > 0.9 and alphas[1][1] < 0.1  # K=1 would have kept row 0 alone: 1 token
+    assert min(alphas[2]) > 0.9 and min(alphas[4]) > 0.9  # K=2 and K=4 keep row 1
+    assert policy._share[1] == pytest.approx((1 + 20 * 4 / 4) / 21)  # K=1's trie: row 0 alone, 4 nodes
+    assert policy._share[4] == pytest.approx((1 + 20 * 12 / 16) / 21)  # 12 nodes: rows share (1,) and (8, 9, 9)
+
+
+def test_the_copied_candidate_counts_for_every_k_it_would_have_joined():
+    policy = SpeculationPolicy(COSTS, gammas=range(1, 4), ks=[1, 2], allow_plain=True)
+    candidates = torch.tensor([[1, 2, 3], [4, 5, 6], [1, 2, 7]])  # the last row is the copy
+    streaks = torch.tensor([[1.0, 1, 0], [0, 0, 0], [1, 1, 1]])
+    for _ in range(20):
+        policy.observe(3, 2, 3, 6, candidates=candidates, streak_probs=streaks, lookup=True)
+    assert min(policy.alphas()[1]) > 0.9  # K=1 plus the copy would have kept the copy, 3 tokens
+    assert policy._share[1] == pytest.approx((1 + 20 * 4 / 3) / 21)  # rows 0 and 2 share (1, 2)
+
+
+def test_greedy_rounds_report_each_rows_chance_of_keeping_its_tokens(verifier_model):
+    verifier = HFVerifier(verifier_model)
+    session = verifier.start([3, 17, 9, 41])
+    plain = generate_plain(verifier, [3, 17, 9, 41], max_new_tokens=3).tokens
+    wrong = [(t + 1) % verifier.vocab_size for t in plain]
+    draft = R.Draft(torch.tensor([[plain[0], plain[1], wrong[2]], [plain[0], wrong[1], wrong[2]]]))
+    out = R.verify(session, draft, SamplingParams(), SpecConfig(gamma=3, num_candidates=2), torch.Generator())
+    assert out.streak_probs.tolist() == [[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]  # T=0: p is one-hot
+    assert out.num_accepted == 2
+
+
+def test_calibration_times_the_sizes_where_the_cost_curve_bends():
+    assert calibration_sizes(8, 4) == [1, 2, 5, 9, 13, 33]
+    assert calibration_sizes(1, 1) == [1, 2]
 
 
 def test_config_accepts_none_and_checks_bounds():

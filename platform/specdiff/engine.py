@@ -284,13 +284,12 @@ class SpeculativeDecoder:
                     stats.policy_plain_steps += 1
                 return _plain_step(session, sampling, base, stats)
             round_spec = replace(spec, gamma=gamma, num_candidates=k)
-            if policy is None:
-                return self._round(session, sampling, round_spec, base, stats)
-            rounds, accepted, nodes = stats.rounds, stats.accepted, stats.tree_nodes
-            out = self._round(session, sampling, round_spec, base, stats)
-            if stats.rounds > rounds:  # not a drafter fallback
-                policy.observe(gamma, k, stats.accepted - accepted, stats.tree_nodes - nodes)
-            return out
+            tokens, seen = self._round(session, sampling, round_spec, base, stats)
+            if policy is not None and seen is not None:  # not a drafter fallback
+                draft, looked_up, out = seen
+                policy.observe(gamma, k, out.num_accepted, out.tree_nodes, candidates=draft.candidates,
+                               streak_probs=out.streak_probs, lookup=looked_up)
+            return tokens
 
         return _decode_loop(self.verifier, prompt, stopper, stats, step)
 
@@ -303,8 +302,11 @@ class SpeculativeDecoder:
             stats.calibration_s += time.perf_counter() - t0
         return self.costs
 
-    def _round(self, session: VerifierSession, sampling, spec: SpecConfig, base: int, stats) -> list[int]:
-        """One round with the window ``spec.gamma`` and ``spec.num_candidates`` candidates."""
+    def _round(self, session: VerifierSession, sampling, spec: SpecConfig, base: int,
+               stats) -> tuple[list[int], tuple[R.Draft, bool, R.Outcome] | None]:
+        """One round with the window ``spec.gamma`` and ``spec.num_candidates`` candidates -> the emitted tokens, and
+        (the draft scored, whether its last row is the copied candidate, the outcome); None after a plain step that
+        stood in for an unavailable drafter."""
         pos = R.position(session.tokens)
         t0 = time.perf_counter()
         try:
@@ -313,7 +315,7 @@ class SpeculativeDecoder:
             # A verifier-only step samples from p itself, so the output stays exact.
             stats.drafter_s += time.perf_counter() - t0
             stats.fallbacks += 1
-            return _plain_step(session, sampling, base, stats)
+            return _plain_step(session, sampling, base, stats), None
         drafted = draft.candidates.shape[0]
         draft = R.with_lookup(draft, session.tokens, spec)  # + one copied from the context, if it has a match
         looked_up = draft.candidates.shape[0] > drafted
@@ -326,7 +328,7 @@ class SpeculativeDecoder:
         if looked_up:  # the copy is distinct from every draft, so it is the last distinct candidate
             stats.lookup_rounds += 1
             stats.lookup_selected += out.selected == out.candidates - 1
-        return out.tokens
+        return out.tokens, (draft, looked_up, out)
 
 
 def stream_plain(

@@ -81,15 +81,28 @@ class SpeculationCosts:
 
 
 @torch.no_grad()
+def calibration_sizes(max_gamma: int, max_candidates: int) -> list[int]:
+    """Trie sizes (root included) that ``calibrate`` times: 1, 2, and 1 + γ/2, 1 + γ, 1 + 3γ/2, 1 + γK for
+    γ = ``max_gamma``, K = ``max_candidates``.
+
+    The points between 2 and 1 + γK matter: a CPU's cost per pass is far from linear in the nodes there. On a 2-core
+    AVX2 EPYC (float32, SmolLM2, few-row products from ``specdiff.kernels``) passes of 1, 2, 5, 9, 13 and 33 nodes
+    took about 60, 66, 75, 111, 141 and 210 ms: flat to 5 nodes, then steep. Interpolated from 1, 2, 9 and 33 alone,
+    5 nodes looked 15% dearer and 13 nodes 10% cheaper than they were; and a K=1 round with its copied candidate
+    (``specdiff.lookup``) scores about 1 + 1.6γ nodes, right where that error sits."""
+    g = max_gamma
+    return sorted({1, 2, 1 + max(g // 2, 1), 1 + g, 1 + g + g // 2, 1 + g * max_candidates})
+
+
 def calibrate(drafter, verifier, prompt: Sequence[int], max_gamma: int, max_candidates: int,
-              repeats: int = 5) -> SpeculationCosts:
-    """Time verifier passes over 1, 2, 1+γ_max and 1+γ_max·K_max nodes on a throwaway session of ``prompt``, and
+              repeats: int = 3) -> SpeculationCosts:
+    """Time verifier passes over the trie sizes of ``calibration_sizes`` on a throwaway session of ``prompt``, and
     the drafter's call at γ_max (after a warm-up each; medians). Draws from no shared generator.
 
-    The sizes are timed round-robin (1, 2, 9, 33, 1, 2, ...), so a noisy stretch of a shared machine hits them alike:
-    measured sequentially, 3 repeats each, four calibrations in a row on a 2-core VM put the 9-node pass at 1.00-1.20x
-    a plain step, and a policy that believed 1.00x speculated with K=4 on chat (0.89x plain)."""
-    sizes = sorted({1, 2, 1 + max_gamma, 1 + max_gamma * max_candidates})
+    The sizes are timed round-robin (1, 2, 5, 9, 13, 33, 1, 2, ...), so a noisy stretch of a shared machine hits them
+    alike: measured sequentially, 3 repeats each, four calibrations in a row on a 2-core VM put the 9-node pass at
+    1.00-1.20x a plain step, and a policy that believed 1.00x speculated with K=4 on chat (0.89x plain)."""
+    sizes = calibration_sizes(max_gamma, max_candidates)
     prompt = [int(t) for t in prompt]
     if verifier.max_context is not None:  # leave room for the trees and one committed token per pass
         room = verifier.max_context - sizes[-1] - (repeats + 1) * len(sizes) - 1
@@ -145,10 +158,12 @@ class SpeculationPolicy:
     ``alpha0`` at j=1 and ``decay``·α_{j-1} beyond (a position never reached inherits its predecessor's estimate;
     ``decay`` is 1.0 by default: a trained drafter accepts later positions more often once reached, and with 0.9
     the policy stayed at γ 3-5 and never learned otherwise: adaptive 1.28x plain on math against 1.94x with 1.0,
-    5 held-out prompts); for a larger K, the next smaller K's α_j raised by ``boost``·α(1-α) (half the gain of an
-    independent extra draw), so a K never tried is neither ignored nor assumed much better. Then each K's estimate
-    is capped by the next larger K's (selecting among fewer candidates does not accept more), so a failed round at
-    K=4 also lowers the estimates for K=1 and 2.
+    5 held-out prompts); for a larger K, the next smaller K's α_j raised by ``boost``·α(1-α). ``boost`` is 0 by
+    default: a K never tried is assumed as good as the next smaller one, no better, so it costs its larger trie
+    until its own rounds show a gain (with 0.5, half the gain of an independent extra draw, the policy kept
+    choosing K=2 at T=0, where the drawn candidates beside the argmax window rarely won: same α, more nodes). Each
+    K's estimate is capped by the next larger K's (selecting among fewer candidates does not accept more), and a
+    round at K also teaches every smaller K what it would have accepted (``observe``).
     """
 
     def __init__(
@@ -161,7 +176,7 @@ class SpeculationPolicy:
         alpha0: float = 0.5,
         prior_weight: float = 1.0,
         decay: float = 1.0,
-        boost: float = 0.5,
+        boost: float = 0.0,
         discount: float = 0.95,
         probe_gamma: int = 2,
         probe_budget: float = 0.03,
@@ -252,18 +267,48 @@ class SpeculationPolicy:
         self._since_probe += 1
         return PLAIN
 
-    def observe(self, gamma: int, k: int, num_accepted: int, tree_nodes: int) -> None:
-        """A speculative round ran with window ``gamma`` and ``k`` candidates; ``tree_nodes`` excludes the root."""
+    def observe(self, gamma: int, k: int, num_accepted: int, tree_nodes: int, *,
+                candidates: torch.Tensor | None = None, streak_probs: torch.Tensor | None = None,
+                lookup: bool = False) -> None:
+        """A speculative round ran with window ``gamma`` and ``k`` candidates; ``tree_nodes`` excludes the root.
+
+        Given the draft's ``candidates`` [rows, γ] (the copied candidate last when ``lookup``) and ``streak_probs``
+        (greedy acceptance, ``rounds.Outcome``: row r's chance of keeping its first j+1 tokens), the round also tells
+        what every smaller K on the menu would have done: a K'-round's candidates are distributed as this round's
+        first K' rows (the argmax window, then independent draws), so self-selection among those rows and the copy is
+        replayed and K' learns the kept row's per-position chances (expected counts, not the one realised streak) and
+        the trie it would have scored. Without them (speculative acceptance), K alone learns from ``num_accepted``.
+
+        Measured before (2-core AVX2 EPYC, trained feature drafter, T=0): K=2 rounds, never informing K=1, looked as
+        good as their prior and kept the policy at γ 2-3 with K=2 on math (1.56x plain against 1.95x for fixed γ=4,
+        K=1)."""
         if k not in self._accepted:
             return
-        acc, reach = self._accepted[k], self._reached[k]
+        if candidates is None or streak_probs is None:
+            reach = [1.0] * min(num_accepted + 1, gamma)
+            self._learn(k, gamma, reach, [1.0] * min(num_accepted, gamma), tree_nodes)
+            return
+        rows = candidates.tolist()
+        scores = streak_probs.double().sum(-1).tolist()
+        copy = [len(rows) - 1] if lookup else []
+        for kk in self.ks:
+            if kk > k or kk > len(rows) - len(copy):
+                continue
+            subset = list(range(kk)) + copy
+            best = max(subset, key=lambda r: (scores[r], -r))  # selection's rule: ties to the earlier row
+            keep = streak_probs[best].tolist()
+            nodes = len({tuple(rows[r][: j + 1]) for r in subset for j in range(gamma)})
+            self._learn(kk, gamma, [1.0] + keep[:-1], keep, nodes)
+
+    def _learn(self, k: int, gamma: int, reach: Sequence[float], keep: Sequence[float], nodes: int) -> None:
+        """Discount K's counts, then add one round's chance of reaching / accepting each position."""
+        acc, rch = self._accepted[k], self._reached[k]
         for j in range(len(acc)):
             acc[j] *= self.discount
-            reach[j] *= self.discount
-        for j in range(min(num_accepted + 1, gamma, len(acc))):
-            reach[j] += 1
-        for j in range(min(num_accepted, len(acc))):
-            acc[j] += 1
+            rch[j] *= self.discount
+        for j in range(min(gamma, len(acc))):
+            rch[j] += reach[j] if j < len(reach) else 0.0
+            acc[j] += keep[j] if j < len(keep) else 0.0
         n = self._rounds[k]
-        self._share[k] = (self._share[k] * (n + 1) + tree_nodes / (gamma * k)) / (n + 2)  # weak prior of 1.0
+        self._share[k] = (self._share[k] * (n + 1) + nodes / (gamma * k)) / (n + 2)  # weak prior of 1.0
         self._rounds[k] += 1

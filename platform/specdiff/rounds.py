@@ -23,6 +23,7 @@ from .acceptance import greedy_accept, speculative_accept
 from .config import SamplingParams, SpecConfig
 from .lookup import lookup_continuation
 from .sampling import sample, target_probs
+from .selection import path_probs as candidate_probs
 from .selection import sample_candidates, select
 from .tree import build_tree, chain
 
@@ -112,6 +113,10 @@ class Outcome:
     candidates: int = 0  # distinct candidates scored (0: a plain step)
     tree_nodes: int = 0  # trie nodes scored, root excluded
     selected: int = 0  # row of the kept candidate among the distinct ones (first occurrences, in draft order)
+    # Greedy acceptance: [rows of the draft, gamma] float32, entry (r, j) = prod_{i<=j} p(x_i | s, x_<i) for draft row
+    # r: the probability that row r's first j+1 tokens would all be accepted. What the adaptive policy learns from:
+    # it tells what a round with fewer candidates would have accepted too (``SpeculationPolicy.observe``).
+    streak_probs: torch.Tensor | None = None
 
 
 def verify(session, draft: Draft | None, sampling: SamplingParams, spec: SpecConfig | None,
@@ -137,8 +142,11 @@ def verify(session, draft: Draft | None, sampling: SamplingParams, spec: SpecCon
         verdict = greedy_accept(chosen, path_probs, generator)
     committed = path[: verdict.num_accepted].tolist()
     session.commit(committed, verdict.next_token)
+    streaks = None
+    if spec.acceptance != "speculative":  # every draft row's chance of keeping its first j+1 tokens
+        streaks = candidate_probs(tree, probs).float().cumprod(-1)[tree.candidate_of]
     return Outcome(verdict.emitted(chosen.tolist()), verdict.num_accepted, committed,
-                   int(tree.candidates.shape[0]), tree.num_nodes - 1, int(best))
+                   int(tree.candidates.shape[0]), tree.num_nodes - 1, int(best), streaks)
 
 
 class LocalRounds:
