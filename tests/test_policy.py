@@ -107,6 +107,16 @@ def test_greedy_rounds_report_each_rows_chance_of_keeping_its_tokens(verifier_mo
     assert out.num_accepted == 2
 
 
+@pytest.mark.parametrize("min_gain, expected", [(1.1, PLAIN), (1.0, (1, 1))])
+def test_speculation_must_beat_plain_by_a_margin(min_gain, expected):
+    # One drafted token accepted 28% of the time: (1 + 0.28) tokens per 61 ms against 1 per 50 ms, 1.05x plain.
+    policy = SpeculationPolicy(COSTS, gammas=[1], ks=[1], allow_plain=True, min_gain=min_gain)
+    for _ in range(100):
+        policy.observe(1, 1, 0, 1, candidates=torch.tensor([[5]]), streak_probs=torch.tensor([[0.28]]))
+    assert policy.alphas()[1][0] == pytest.approx(0.28, abs=0.02)  # the prior still weighs a little
+    assert policy.choose() == expected
+
+
 def test_calibration_times_the_sizes_where_the_cost_curve_bends():
     assert calibration_sizes(8, 4) == [1, 2, 5, 9, 13, 33]
     assert calibration_sizes(1, 1) == [1, 2]
