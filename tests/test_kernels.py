@@ -115,3 +115,24 @@ def test_real_measurement_on_a_small_model():
     assert all(a > 0 and b > 0 for a, b in timings.values())
     plan = tune_small_rows(small_model())
     assert set(plan) <= set(ROWS)
+
+
+def test_a_tuned_feature_drafter_proposes_the_same_marginals(monkeypatch, verifier_model):
+    from specdiff import HFVerifier
+    from specdiff.feature_drafter import build_feature_drafter
+
+    measure, calls = fake_timings(set(ROWS))
+    monkeypatch.setattr(kernels, "measure_small_rows", measure)
+    tuned = build_feature_drafter(verifier_model, num_layers=1)
+    reference = build_feature_drafter(verifier_model, num_layers=1)
+    session = HFVerifier(verifier_model, tap_layers=tuned.tap_layers, tune_kernels=False).start([3, 17, 9, 41, 5])
+    assert tuned.tune_kernels() == ROWS and calls
+    assert isinstance(tuned.model.fc, SmallRowsLinear)
+    used = []
+    real = kernels.transposed_linear
+    monkeypatch.setattr(kernels, "transposed_linear", lambda *a: used.append(a[0].shape[0]) or real(*a))
+    for gamma in (1, 4, 8):
+        got = tuned.propose(session.tokens, gamma, session.features)
+        torch.testing.assert_close(got, reference.propose(session.tokens, gamma, session.features),
+                                   rtol=1e-4, atol=1e-6)
+    assert gamma in used  # the head's product over the mask rows took the transposed form

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pickle
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -105,6 +108,10 @@ def test_greedy_rounds_report_each_rows_chance_of_keeping_its_tokens(verifier_mo
     out = R.verify(session, draft, SamplingParams(), SpecConfig(gamma=3, num_candidates=2), torch.Generator())
     assert out.streak_probs.tolist() == [[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]  # T=0: p is one-hot
     assert out.num_accepted == 2
+    served = pickle.loads(pickle.dumps(out))  # what a verifier replica returns to the router
+    assert served == replace(out, streak_probs=served.streak_probs) and torch.equal(served.streak_probs,
+                                                                                   out.streak_probs)
+    assert len(pickle.dumps(out)) < 400
 
 
 @pytest.mark.parametrize("min_gain, expected", [(1.1, PLAIN), (1.0, (1, 1))])

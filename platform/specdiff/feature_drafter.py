@@ -265,6 +265,7 @@ class FeatureDrafter:
         self.vocab_size = c.vocab_size
         self.tap_layers = c.target_layer_ids
         self.record = record or {}
+        self.small_rows: tuple[int, ...] = ()  # row counts that take the transposed product (``tune_kernels``)
         self._lock = threading.Lock()
         self._tokens: list[int] = []
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -365,14 +366,28 @@ class FeatureDrafter:
         probs = self.logits(hidden[:, 1:])[0].float().softmax(-1)  # [gamma, V or V_draft]
         return self.to_vocab(probs)
 
+    def tune_kernels(self, cache_dir: Path | None = None) -> tuple[int, ...]:
+        """Decoding on a CPU: time the two forms of the few-row products on the draft layers' weights (once per
+        machine, ``specdiff.kernels``) and use the faster one there and in the head. Training is unaffected
+        (products with gradients always take ``F.linear``)."""
+        from .kernels import tune_small_rows
+
+        self.small_rows = tune_small_rows(self.model, cache_dir)
+        return self.small_rows
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final hidden states [..., H] -> logits [..., V or V_draft] through the verifier's (sliced) head.
 
         As one 2-D product: a sliced N-D input (the mask rows of a block) sent torch 2.13's CPU bf16 matmul down a
         path 9x slower (measured: 4.7 vs 0.5 ms per round for 8 rows x 8192, and 79 vs 5 ms for the full head)."""
+        from .kernels import takes_transposed, transposed_linear
+
         w = self.head_weight
         flat = hidden.reshape(-1, hidden.shape[-1]).to(w.dtype)
-        out = F.linear(flat, w)[:, : self.vocab_size]
+        if takes_transposed(self.small_rows, flat.shape[0]) and not torch.is_grad_enabled():
+            out = transposed_linear(flat, w)[:, : self.vocab_size]
+        else:
+            out = F.linear(flat, w)[:, : self.vocab_size]
         return out.reshape(*hidden.shape[:-1], out.shape[-1])
 
     def to_vocab(self, probs: torch.Tensor) -> torch.Tensor:
@@ -475,9 +490,10 @@ def is_feature_drafter(path: str | Path) -> bool:
 
 
 def load_feature_drafter(path: str | Path, verifier: nn.Module, *, dtype: torch.dtype | None = None,
-                         verifier_digest: str | None = None) -> FeatureDrafter:
+                         verifier_digest: str | None = None, tune_kernels: bool = True) -> FeatureDrafter:
     """Load a feature drafter for ``verifier``. Errors name the file or the mismatch (hidden size, taps, vocab,
-    verifier digest when ``verifier_digest`` is given)."""
+    verifier digest when ``verifier_digest`` is given). ``tune_kernels``: on a CPU, pick the faster few-row product
+    form for decoding (``FeatureDrafter.tune_kernels``, plans kept in ``$SPECDIFF_HOME/kernels``)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -520,7 +536,12 @@ def load_feature_drafter(path: str | Path, verifier: nn.Module, *, dtype: torch.
     dtype = dtype or next(verifier.parameters()).dtype
     embed, head = verifier_embeddings(verifier)
     record = {k: v for k, v in meta.items() if k not in ("kind", "config")}
-    return FeatureDrafter(model.to(dtype), embed, head, record=record)
+    drafter = FeatureDrafter(model.to(dtype), embed, head, record=record)
+    if tune_kernels:
+        from .models import state_dir
+
+        drafter.tune_kernels(state_dir() / "kernels")
+    return drafter
 
 
 @dataclass

@@ -39,7 +39,7 @@ class SmallRowsLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if not rows or rows > ROWS[-1] or not _takes(self.small_rows, rows) or torch.is_grad_enabled():
+        if not takes_transposed(self.small_rows, rows) or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         out = transposed_linear(x.reshape(rows, x.shape[-1]), self.weight, self.bias)
         return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -57,7 +57,10 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return out + bias if bias is not None else out
 
 
-def _takes(small_rows: tuple[int, ...], rows: int) -> bool:
+def takes_transposed(small_rows: tuple[int, ...], rows: int) -> bool:
+    """Whether a product of ``rows`` rows takes the transposed form under the plan ``small_rows``."""
+    if not 0 < rows <= ROWS[-1]:
+        return False
     i = bisect.bisect_right(ROWS, rows) - 1
     return i >= 0 and ROWS[i] in small_rows
 

@@ -80,24 +80,26 @@ class SpeculationCosts:
         return max(t0 + (t1 - t0) * (nodes - n0) / (n1 - n0), pts[0][1])
 
 
-@torch.no_grad()
 def calibration_sizes(max_gamma: int, max_candidates: int) -> list[int]:
     """Trie sizes (root included) that ``calibrate`` times: 1, 2, and 1 + γ/2, 1 + γ, 1 + 3γ/2, 1 + γK for
     γ = ``max_gamma``, K = ``max_candidates``.
 
     The points between 2 and 1 + γK matter: a CPU's cost per pass is far from linear in the nodes there. On a 2-core
-    AVX2 EPYC (float32, SmolLM2, few-row products from ``specdiff.kernels``) passes of 1, 2, 5, 9, 13 and 33 nodes
-    took about 60, 66, 75, 111, 141 and 210 ms: flat to 5 nodes, then steep. Interpolated from 1, 2, 9 and 33 alone,
+    AVX2 EPYC (float32, SmolLM2, few-row products from ``specdiff.kernels``, 200-token context) forwards over 1, 2,
+    5, 9 and 13 nodes took about 60, 66, 75, 111 and 141 ms, 33 nodes 150-210 ms: flat to 5 nodes, then steep. Interpolated from 1, 2, 9 and 33 alone,
     5 nodes looked 15% dearer and 13 nodes 10% cheaper than they were; and a K=1 round with its copied candidate
     (``specdiff.lookup``) scores about 1 + 1.6γ nodes, right where that error sits."""
     g = max_gamma
     return sorted({1, 2, 1 + max(g // 2, 1), 1 + g, 1 + g + g // 2, 1 + g * max_candidates})
 
 
+@torch.no_grad()
 def calibrate(drafter, verifier, prompt: Sequence[int], max_gamma: int, max_candidates: int,
               repeats: int = 3) -> SpeculationCosts:
-    """Time verifier passes over the trie sizes of ``calibration_sizes`` on a throwaway session of ``prompt``, and
-    the drafter's call at γ_max (after a warm-up each; medians). Draws from no shared generator.
+    """Time whole verifying halves (``rounds.verify``: trie, pass, softmax at every node, selection, acceptance,
+    commit) over the trie sizes of ``calibration_sizes`` on a throwaway session of ``prompt``, and the drafter's call
+    at γ_max with candidate sampling and the copied candidate's search (after a warm-up each; medians). Draws from no
+    shared generator.
 
     The sizes are timed round-robin (1, 2, 5, 9, 13, 33, 1, 2, ...), so a noisy stretch of a shared machine hits them
     alike: measured sequentially, 3 repeats each, four calibrations in a row on a 2-core VM put the 9-node pass at

@@ -118,6 +118,22 @@ class Outcome:
     # it tells what a round with fewer candidates would have accepted too (``SpeculationPolicy.observe``).
     streak_probs: torch.Tensor | None = None
 
+    def __reduce__(self):
+        # Pickled (a served round returns it to the router) with ``streak_probs`` as float32 bytes: 160 B at K=4,
+        # gamma=8, not a tensor's ~1 KB of pickled storage.
+        s = self.streak_probs
+        packed = None if s is None else (tuple(s.shape), s.float().numpy().tobytes())
+        return _outcome_from, (self.tokens, self.num_accepted, self.path, self.candidates, self.tree_nodes,
+                               self.selected, packed)
+
+
+def _outcome_from(tokens, num_accepted, path, candidates, tree_nodes, selected, packed) -> Outcome:
+    streaks = None
+    if packed is not None:
+        shape, data = packed
+        streaks = torch.frombuffer(bytearray(data), dtype=torch.float32).view(shape) if data else torch.zeros(shape)
+    return Outcome(tokens, num_accepted, path, candidates, tree_nodes, selected, streaks)
+
 
 def verify(session, draft: Draft | None, sampling: SamplingParams, spec: SpecConfig | None,
            generator: torch.Generator) -> Outcome:
