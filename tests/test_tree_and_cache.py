@@ -126,3 +126,36 @@ def test_candidates_start_with_the_argmax_window_when_asked():
     assert torch.allclose(probs.sum(-1), torch.ones(2))  # the distribution the other K-1 were drawn from
     (only,), none = sample_candidates(marginals, 1, 2.0, gen, include_argmax=True)
     assert only.tolist() == [1, 0] and none is None  # K=1: the argmax window itself, nothing drawn
+
+
+def test_folded_grouped_query_attention_scores_trees_as_stock_sdpa(monkeypatch):
+    import copy
+
+    from helpers import tiny_llama
+    from specdiff.hf import GQA_SDPA, fold_gqa_attention
+
+    stock = tiny_llama(64, seed=3, init_std=0.2)  # 4 query heads on 2 key/value heads, sdpa
+    folded_model = copy.deepcopy(stock)
+    verifier = HFVerifier(folded_model)  # folds
+    assert folded_model.config._attn_implementation == GQA_SDPA
+    assert not fold_gqa_attention(torch.nn.Linear(2, 2))  # not a transformers model: left alone
+    reference = HFVerifier(stock, tune_kernels=False)
+    stock.set_attn_implementation("sdpa")  # back to transformers' own: the reference
+    shapes = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, *a, **k: shapes.append(tuple(q.shape)) or real(q, *a, **k))
+    prompt = [3, 17, 9, 41, 5, 22, 8]
+    a, b = verifier.start(prompt), reference.start(prompt)
+    for candidates in ([[5, 6, 7]], [[5, 6, 7], [5, 9, 1], [2, 2, 2]], [[1]]):
+        tree = build_tree(a.tokens[-1], torch.tensor(candidates))
+        torch.testing.assert_close(a.score(tree), b.score(tree), rtol=1e-4, atol=1e-5)
+        a.commit([1], 4)
+        b.commit([1], 4)
+    assert (1, 2, 2 * 9, 8) in shapes  # the 9-node tree: 2 groups x 9 rows on the 2 key/value heads, no copies
+    ids = torch.randint(0, 64, (2, 12))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[0, :5] = 0  # left padding, as in batched teacher sampling
+    with torch.no_grad():
+        torch.testing.assert_close(folded_model(ids, attention_mask=mask).logits, stock(ids, attention_mask=mask).logits,
+                                   rtol=1e-4, atol=1e-5)

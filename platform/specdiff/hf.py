@@ -11,6 +11,48 @@ import inspect
 import torch
 
 
+GQA_SDPA = "specdiff_gqa_sdpa"  # the attention implementation ``fold_gqa_attention`` switches a model to
+
+
+def _gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' sdpa attention, except for a few masked query rows of a grouped-query model without gradients
+    (a verifier's tree pass): there the query heads of each key/value head are folded into the rows, and the mask
+    repeated, instead of copying every key and value ``num_key_value_groups`` times (``repeat_kv``, what the stock
+    function does whenever a mask is given and more than one row is queried).
+
+    Same attention, another order of the same sums. Measured (2-core AVX2 EPYC, float32, SmolLM2: 9 query heads on 3
+    key/value heads, whole tree passes): 2/5/9 nodes 72/86/119 -> 69/79/102 ms on a 200-token context and 92/103/136
+    -> 69/82/113 ms on 800 tokens (the copies grow with the context); log-probs equal to 1e-4."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    batch, heads, rows, dim = query.shape
+    if (groups == 1 or rows == 1 or rows > 64 or attention_mask is None or attention_mask.dim() != 4
+            or attention_mask.shape[1] != 1 or dropout or torch.is_grad_enabled()
+            or any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "sliding_window", "s_aux"))):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal,
+                                      **kwargs)
+    folded = query.reshape(batch, heads // groups, groups * rows, dim)  # head h = kv * groups + r -> row r*rows + i
+    mask = attention_mask.repeat(1, 1, groups, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(batch, heads, rows, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def fold_gqa_attention(model: torch.nn.Module) -> bool:
+    """Switch a Hugging Face model that runs transformers' ``sdpa`` attention to ``_gqa_sdpa`` (equal results,
+    fewer copies in tree passes); anything else is left alone. Returns whether it switched."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(GQA_SDPA, _gqa_sdpa)
+    AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)  # the masks sdpa gets (else transformers builds none)
+    model.set_attn_implementation(GQA_SDPA)
+    return True
+
+
 class HFModel:
     """``runner``: the module forward passes go through when it differs from ``model`` (a DDP or peft wrapper used
     in training); conventions and shapes are still read from the plain Hugging Face ``model``."""

@@ -13,7 +13,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from .hf import HFModel
+from .hf import HFModel, fold_gqa_attention
 from .tree import TokenTree
 
 
@@ -67,6 +67,7 @@ class HFVerifier:
             from .models import state_dir
 
             self.small_rows = tune_small_rows(model, state_dir() / "kernels")
+        fold_gqa_attention(model)  # tree passes without copying keys/values per query head (``hf._gqa_sdpa``)
         self.hf = HFModel(model)
         self.vocab_size = self.hf.vocab_size
         self.max_context = max_context or self.hf.max_context
