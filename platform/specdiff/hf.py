@@ -44,12 +44,15 @@ def fold_gqa_attention(model: torch.nn.Module) -> bool:
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
         return False
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(GQA_SDPA, _gqa_sdpa)
-    AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)  # the masks sdpa gets (else transformers builds none)
-    model.set_attn_implementation(GQA_SDPA)
+        AttentionInterface.register(GQA_SDPA, _gqa_sdpa)
+        AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)  # the masks sdpa gets (else transformers builds none)
+        model.set_attn_implementation(GQA_SDPA)
+    except (ImportError, AttributeError, ValueError, TypeError):  # a transformers without these hooks: stock sdpa
+        return False
     return True
 
 
