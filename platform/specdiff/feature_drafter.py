@@ -380,14 +380,11 @@ class FeatureDrafter:
 
         As one 2-D product: a sliced N-D input (the mask rows of a block) sent torch 2.13's CPU bf16 matmul down a
         path 9x slower (measured: 4.7 vs 0.5 ms per round for 8 rows x 8192, and 79 vs 5 ms for the full head)."""
-        from .kernels import takes_transposed, transposed_linear
+        from .kernels import planned_linear
 
         w = self.head_weight
         flat = hidden.reshape(-1, hidden.shape[-1]).to(w.dtype)
-        if takes_transposed(self.small_rows, flat.shape[0]) and not torch.is_grad_enabled():
-            out = transposed_linear(flat, w)[:, : self.vocab_size]
-        else:
-            out = F.linear(flat, w)[:, : self.vocab_size]
+        out = planned_linear(flat, w, None, self.small_rows)[:, : self.vocab_size]
         return out.reshape(*hidden.shape[:-1], out.shape[-1])
 
     def to_vocab(self, probs: torch.Tensor) -> torch.Tensor:

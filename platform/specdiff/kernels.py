@@ -38,11 +38,18 @@ class SmallRowsLinear(torch.nn.Linear):
     small_rows: tuple[int, ...] = ()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if not takes_transposed(self.small_rows, rows) or torch.is_grad_enabled():
-            return F.linear(x, self.weight, self.bias)
-        out = transposed_linear(x.reshape(rows, x.shape[-1]), self.weight, self.bias)
-        return out.reshape(*x.shape[:-1], out.shape[-1])
+        return planned_linear(x, self.weight, self.bias, self.small_rows)
+
+
+def planned_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   small_rows: tuple[int, ...]) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, as the transposed product where the plan ``small_rows`` says so and no
+    gradients are wanted (training always takes ``F.linear``)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if not takes_transposed(small_rows, rows) or torch.is_grad_enabled():
+        return F.linear(x, weight, bias)
+    out = transposed_linear(x.reshape(rows, x.shape[-1]), weight, bias)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -59,10 +66,9 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 def takes_transposed(small_rows: tuple[int, ...], rows: int) -> bool:
     """Whether a product of ``rows`` rows takes the transposed form under the plan ``small_rows``."""
-    if not 0 < rows <= ROWS[-1]:
+    if not ROWS[0] <= rows <= ROWS[-1]:
         return False
-    i = bisect.bisect_right(ROWS, rows) - 1
-    return i >= 0 and ROWS[i] in small_rows
+    return ROWS[bisect.bisect_right(ROWS, rows) - 1] in small_rows
 
 
 def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:

@@ -64,15 +64,23 @@ class Draft:
 
     def __reduce__(self):
         # Pickled (Ray ships it between replicas) as int32 bytes: 128 B at K=4, gamma=8 instead of ~660 B.
-        c = self.candidates
-        return _draft_from_bytes, (tuple(c.shape), c.to(torch.int32).numpy().tobytes(), self.draft_probs)
+        return _draft_from_bytes, (_packed(self.candidates, torch.int32), self.draft_probs)
 
 
-def _draft_from_bytes(shape, data: bytes, draft_probs) -> Draft:
-    if not data:
-        return Draft(torch.zeros(shape, dtype=torch.long), draft_probs)
-    candidates = torch.frombuffer(bytearray(data), dtype=torch.int32).long().view(shape)
-    return Draft(candidates, draft_probs)
+def _packed(t: torch.Tensor | None, dtype: torch.dtype) -> tuple[tuple[int, ...], bytes] | None:
+    """A small tensor as (shape, raw bytes in ``dtype``): what travels instead of a pickled tensor's storage."""
+    return None if t is None else (tuple(t.shape), t.to(dtype).numpy().tobytes())
+
+
+def _unpacked(packed: tuple[tuple[int, ...], bytes] | None, dtype: torch.dtype) -> torch.Tensor | None:
+    if packed is None:
+        return None
+    shape, data = packed
+    return torch.frombuffer(bytearray(data), dtype=dtype).view(shape) if data else torch.zeros(shape, dtype=dtype)
+
+
+def _draft_from_bytes(packed, draft_probs) -> Draft:
+    return Draft(_unpacked(packed, torch.int32).long(), draft_probs)
 
 
 def draft(marginals: torch.Tensor, spec: SpecConfig, generator: torch.Generator) -> Draft:
@@ -121,18 +129,12 @@ class Outcome:
     def __reduce__(self):
         # Pickled (a served round returns it to the router) with ``streak_probs`` as float32 bytes: 160 B at K=4,
         # gamma=8, not a tensor's ~1 KB of pickled storage.
-        s = self.streak_probs
-        packed = None if s is None else (tuple(s.shape), s.float().numpy().tobytes())
         return _outcome_from, (self.tokens, self.num_accepted, self.path, self.candidates, self.tree_nodes,
-                               self.selected, packed)
+                               self.selected, _packed(self.streak_probs, torch.float32))
 
 
 def _outcome_from(tokens, num_accepted, path, candidates, tree_nodes, selected, packed) -> Outcome:
-    streaks = None
-    if packed is not None:
-        shape, data = packed
-        streaks = torch.frombuffer(bytearray(data), dtype=torch.float32).view(shape) if data else torch.zeros(shape)
-    return Outcome(tokens, num_accepted, path, candidates, tree_nodes, selected, streaks)
+    return Outcome(tokens, num_accepted, path, candidates, tree_nodes, selected, _unpacked(packed, torch.float32))
 
 
 def verify(session, draft: Draft | None, sampling: SamplingParams, spec: SpecConfig | None,
