@@ -29,7 +29,7 @@ from specdiff import (
 )
 from specdiff.dtypes import dtype_name, resolve_dtype_with_reason
 from specdiff.feature_drafter import build_feature_drafter
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm
+from specdiff.models import DEFAULT_VERIFIER, load_causal_lm, state_dir
 
 from build_drafter import build_default  # jobs/ is on sys.path when this script runs
 
@@ -50,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 (both decoders use it; auto: bfloat16 "
                    "where the CPU has native bf16, else float32)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--recalibrate", action="store_true", help="measure the adaptive policy's cost model again (it is "
+                   "kept per machine under $SPECDIFF_HOME/costs; redo it if the machine was busy when it was measured)")
     return p.parse_args(argv)
 
 
@@ -96,8 +98,13 @@ def main(argv=None) -> int:
     stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, stop_token_ids=stops, seed=args.seed)
 
-    decoder = SpeculativeDecoder(drafter, verifier, decode=tokenizer.decode)
-    decoder.generate(prompt, **{**common, "max_new_tokens": 4}, spec=spec)  # warm-up: first-call overheads
+    decoder = SpeculativeDecoder(drafter, verifier, decode=tokenizer.decode, costs_cache=state_dir() / "costs",
+                                 recalibrate=args.recalibrate)
+    warm = decoder.generate(prompt, **{**common, "max_new_tokens": 4}, spec=spec)  # warm-up: first-call overheads
+    if decoder.costs_measured is not None:
+        how = (f"measured in {warm.stats.calibration_s:.1f} s and kept" if decoder.costs_measured else
+               "kept from an earlier run (--recalibrate measures it again)")
+        print(f"cost model: {how} under {decoder.costs_cache}")
     t0 = time.perf_counter()
     plain = generate_plain(HFVerifier(model), prompt, **common)  # no taps: plain decoding pays for none
     plain_s = time.perf_counter() - t0

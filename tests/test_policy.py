@@ -170,3 +170,49 @@ def test_seeded_sampling_with_given_costs_is_reproducible(verifier_model):
         runs.append((result.tokens, result.stats.choices, result.stats.accepted_per_position))
     assert runs[0] == runs[1]
     assert runs[0][1]["plain"] < 40  # some speculative rounds ran, so their draws were reproduced too
+
+
+def test_cost_model_is_kept_per_machine_and_model_shape(verifier_model, monkeypatch, tmp_path):
+    from specdiff import policy
+
+    calls = []
+    real = policy.calibrate
+
+    def counting(*args, **kwargs):
+        calls.append(args[3:5])
+        return real(*args, **kwargs, repeats=1)
+
+    monkeypatch.setattr(policy, "calibrate", counting)
+    drafter = build_small_drafter(64, hidden_size=32, num_layers=1, num_heads=2)
+    verifier = HFVerifier(verifier_model)
+
+    def decode(**kwargs):
+        decoder = SpeculativeDecoder(drafter, verifier, costs_cache=tmp_path, **kwargs)
+        result = decoder.generate(PROMPTS[1], max_new_tokens=8, seed=0)
+        assert result.tokens == generate_plain(verifier, PROMPTS[1], max_new_tokens=8).tokens
+        return decoder
+
+    first = decode()
+    assert first.costs_measured is True and len(calls) == 1
+    (kept,) = tmp_path.glob("costs-*.json")
+    later = decode()  # a later process on this machine: read, not measured
+    assert later.costs_measured is False and later.costs == first.costs and len(calls) == 1
+    assert decode(recalibrate=True).costs_measured is True and len(calls) == 2
+    kept.write_text('{"draft_s": 0.01}')  # damaged or from another layout: measured again, and mended
+    assert decode().costs_measured is True and len(calls) == 3
+    assert decode().costs_measured is False and len(calls) == 3
+    # Another window or another drafter shape is another cost model.
+    other = build_small_drafter(64, hidden_size=48, num_layers=1, num_heads=2)
+    assert policy.costs_key(other, verifier, 8, 4) != policy.costs_key(drafter, verifier, 8, 4)
+    assert policy.costs_key(drafter, verifier, 4, 4) != policy.costs_key(drafter, verifier, 8, 4)
+    assert policy.costs_key(build_small_drafter(64, hidden_size=32, num_layers=1, num_heads=2, seed=5), verifier,
+                            8, 4) == policy.costs_key(drafter, verifier, 8, 4)  # weights' values do not matter
+
+
+def test_an_unwritable_cost_folder_only_means_measuring_again(verifier_model, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the folder should be: nothing can be written under it
+    decoder = SpeculativeDecoder(build_small_drafter(64, hidden_size=32, num_layers=1, num_heads=2),
+                                 HFVerifier(verifier_model), costs_cache=blocker / "costs")
+    assert decoder.generate(PROMPTS[0], max_new_tokens=4, seed=0).stats.emitted >= 4
+    assert decoder.costs_measured is True and not (blocker / "costs").exists()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -26,7 +27,7 @@ import torch
 from . import rounds as R
 from .config import SamplingParams, SpecConfig
 from .drafter import Drafter, DrafterUnavailable
-from .policy import SpeculationCosts, SpeculationPolicy, calibrate
+from .policy import SpeculationCosts, SpeculationPolicy, cached_calibrate
 from .stats import DecodeStats
 from .verifier import Verifier, VerifierSession
 
@@ -181,7 +182,9 @@ class SpeculativeDecoder:
     >>> result.tokens, result.stats.tau
 
     ``costs``: the adaptive policy's cost model; None measures it on the first adaptive decode (``calibrate``) and
-    keeps it for this decoder's lifetime.
+    keeps it for this decoder's lifetime, and, given ``costs_cache`` (a folder), for later processes on the same
+    machine with the same model shapes (``policy.cached_calibrate``); ``recalibrate`` measures anew and replaces the
+    kept one. ``costs_measured`` says which happened (None until the first adaptive decode, or with ``costs`` given).
     """
 
     def __init__(
@@ -191,6 +194,8 @@ class SpeculativeDecoder:
         *,
         decode: Callable[[list[int]], str] | None = None,
         costs: SpeculationCosts | None = None,
+        costs_cache: str | Path | None = None,
+        recalibrate: bool = False,
     ):
         if drafter.vocab_size != verifier.vocab_size:
             raise ValueError(
@@ -201,6 +206,9 @@ class SpeculativeDecoder:
         self.verifier = verifier
         self.decode = decode
         self.costs = costs
+        self.costs_cache = Path(costs_cache) if costs_cache is not None else None
+        self.recalibrate = recalibrate
+        self.costs_measured: bool | None = None
         # The drafting half: a served drafter samples its candidates on its replica (``draft``); an in-process one
         # proposes marginals, sampled here. Chosen once.
         self._draft = self._draft_remote if hasattr(drafter, "draft") else self._draft_local
@@ -294,11 +302,13 @@ class SpeculativeDecoder:
         return _decode_loop(self.verifier, prompt, stopper, stats, step)
 
     def _costs(self, spec: SpecConfig, prompt: list[int], stats: DecodeStats) -> SpeculationCosts:
-        """The cost model: given, or measured once (on a throwaway session of the first adaptive prompt)."""
+        """The cost model: given, kept from an earlier process (``costs_cache``), or measured once (on a throwaway
+        session of the first adaptive prompt)."""
         if self.costs is None:
             t0 = time.perf_counter()
             gamma, k = spec.gamma or spec.max_gamma, spec.num_candidates or spec.max_candidates
-            self.costs = calibrate(self.drafter, self.verifier, prompt, gamma, k)
+            self.costs, self.costs_measured = cached_calibrate(self.drafter, self.verifier, prompt, gamma, k,
+                                                               self.costs_cache, refresh=self.recalibrate)
             stats.calibration_s += time.perf_counter() - t0
         return self.costs
 

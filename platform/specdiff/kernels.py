@@ -17,16 +17,13 @@ BLAS kernels (a one-row GEMV and a nine-row GEMM already do).
 from __future__ import annotations
 
 import bisect
-import hashlib
-import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from .dtypes import cpuinfo_value
+from . import machine_cache
 
 ROWS = (1, 2, 4, 8, 12)  # row counts timed; a count between two timed ones follows the lower one, above: F.linear
 WIN = 0.9  # the transposed form must take at most this fraction of F.linear's time
@@ -76,11 +73,9 @@ def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
 
 
 def plan_key(model: torch.nn.Module) -> str:
-    """What a plan depends on: the CPU, torch, threads, and the weights' shapes and dtype."""
-    shapes = sorted({(tuple(m.weight.shape), str(m.weight.dtype)) for m in _linears(model)})
-    text = json.dumps([platform.processor() or platform.machine(), cpuinfo_value("model name"), torch.__version__,
-                       torch.get_num_threads(), torch.backends.cpu.get_cpu_capability(), shapes])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """What a plan depends on: the machine (CPU, torch, threads) and the weights' shapes and dtype."""
+    return machine_cache.key("small_rows", sorted({(tuple(m.weight.shape), str(m.weight.dtype))
+                                                   for m in _linears(model)}))
 
 
 _PLANS: dict[str, tuple[int, ...]] = {}
@@ -112,23 +107,14 @@ def tune_small_rows(model: torch.nn.Module, cache_dir: Path | None = None) -> tu
         return ()
     key = plan_key(model)
     plan = _PLANS.get(key)
-    path = cache_dir / f"small_rows-{key}.json" if cache_dir is not None else None
-    if plan is None and path is not None and path.exists():
-        try:
-            plan = tuple(json.loads(path.read_text())["small_rows"])
-        except (OSError, ValueError, KeyError, TypeError):
-            plan = None
     if plan is None:
-        timings = measure_small_rows(model)
-        plan = tuple(r for r, (stock, transposed) in timings.items() if transposed <= WIN * stock)
-        if path is not None:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"small_rows": plan, "seconds": timings}))
-                tmp.replace(path)
-            except OSError:
-                pass  # a read-only state folder: measure again next time
+        def measure() -> dict:
+            timings = measure_small_rows(model)
+            won = [r for r, (stock, transposed) in timings.items() if transposed <= WIN * stock]
+            return {"small_rows": won, "seconds": timings}
+
+        path = cache_dir / f"small_rows-{key}.json" if cache_dir is not None else None
+        plan, _ = machine_cache.cached(path, measure, lambda kept: tuple(int(r) for r in kept["small_rows"]))
     _PLANS[key] = plan
     for m in linears:
         m.__class__ = SmallRowsLinear if plan else torch.nn.Linear

@@ -30,16 +30,19 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from . import machine_cache
 from . import rounds as R
 from .config import SamplingParams, SpecConfig
 from .drafter import DrafterUnavailable
 from .selection import sample_candidates
 
 PLAIN = (0, 0)  # the policy's "take a plain step" choice: window 0
+CALIBRATION_VERSION = 1  # bump when ``calibrate`` measures something else: kept cost models are then measured again
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,13 @@ class SpeculationCosts:
     def affine(cls, draft_s: float, base_s: float, per_node_s: float) -> SpeculationCosts:
         """Verifier pass = ``base_s + per_node_s * nodes``."""
         return cls(draft_s, ((1, base_s + per_node_s), (2, base_s + 2 * per_node_s)))
+
+    def to_dict(self) -> dict:
+        return {"draft_s": self.draft_s, "verify_s": [list(p) for p in self.verify_s]}
+
+    @classmethod
+    def from_dict(cls, value: dict) -> SpeculationCosts:
+        return cls(float(value["draft_s"]), tuple((int(n), float(s)) for n, s in value["verify_s"]))
 
     @property
     def plain_s(self) -> float:
@@ -151,6 +161,34 @@ def calibrate(drafter, verifier, prompt: Sequence[int], max_gamma: int, max_cand
     for i in range(1, len(points)):  # timing noise must not make a bigger tree look cheaper
         points[i] = (points[i][0], max(points[i][1], points[i - 1][1]))
     return SpeculationCosts(draft_s, tuple(points))
+
+
+def costs_key(drafter, verifier, max_gamma: int, max_candidates: int) -> str:
+    """What a cost model depends on: the machine, the verifier's and the drafter's kinds, weight shapes and dtypes,
+    their kernel plans and taps, and the largest γ and K (the sizes ``calibrate`` times)."""
+    def kind(x) -> list:
+        return [type(x).__qualname__, getattr(x, "small_rows", None), getattr(x, "tap_layers", None)]
+
+    return machine_cache.key("costs", CALIBRATION_VERSION,
+                             kind(verifier), machine_cache.shapes(verifier),
+                             kind(drafter), machine_cache.shapes(drafter), calibration_sizes(max_gamma, max_candidates))
+
+
+def cached_calibrate(drafter, verifier, prompt: Sequence[int], max_gamma: int, max_candidates: int,
+                     cache_dir: Path | None, *, refresh: bool = False) -> tuple[SpeculationCosts, bool]:
+    """(cost model, whether it was measured now): ``calibrate``'s result kept in ``cache_dir`` per machine and model
+    shape (``costs_key``), so a later process on the same machine starts decoding at once (calibrating took 2.7-3 s
+    of a 7-12 s start on a 2-core AVX2 EPYC). ``refresh`` measures again and replaces the kept one (a machine that
+    was busy while it calibrated: see ``jobs/generate.py --recalibrate``)."""
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / f"costs-{costs_key(drafter, verifier, max_gamma, max_candidates)}.json"
+
+    def measure() -> dict:
+        costs = calibrate(drafter, verifier, prompt, max_gamma, max_candidates)
+        return {**costs.to_dict(), "context_tokens": len(prompt), "measured_at": time.time()}
+
+    return machine_cache.cached(path, measure, SpeculationCosts.from_dict, refresh=refresh)
 
 
 class SpeculationPolicy:
