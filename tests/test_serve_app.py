@@ -16,6 +16,9 @@ from serve_helpers import BASE, DEMO, METRICS_PORT, MODEL, LocalReference, run_a
 pytestmark = pytest.mark.slow
 PROMPTS = ["Hello", "The quick brown fox", "def f(x):", "Once upon a time, far away", "1 2 3 4"]
 SMALL = {"num_cpus": 0.5}
+# The local reference's fixed window and K: a seeded T>0 request equals the in-process decode at a fixed γ/K. A request
+# that names neither runs the adaptive policy with the router's measured costs (test_default_request_is_adaptive).
+FIXED = {"gamma": 8, "num_candidates": 4}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,8 @@ def test_completion_equals_local_engine(app, ref, temperature, seed):
 
 
 def test_stream_equals_local_engine(app, ref):
-    body = completion(PROMPTS[1], temperature=1.0, seed=5, stream=True, stream_options={"include_usage": True})
+    body = completion(PROMPTS[1], temperature=1.0, seed=5, stream=True, stream_options={"include_usage": True},
+                      **FIXED)
     with requests.post(BASE + "/v1/completions", json=body, stream=True, timeout=120) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         events = sse_events(response)
@@ -85,10 +89,21 @@ def test_stream_equals_local_engine(app, ref):
 
 
 def test_chat_equals_local_engine(app, ref):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 30, "seed": 2}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 30, "seed": 2, **FIXED}
     out = post("/v1/chat/completions", body).json()
     text, _ = ref.complete("hi there", max_tokens=30, temperature=1.0, seed=2, chat=True)
     assert out["object"] == "chat.completion" and out["choices"][0]["message"] == {"role": "assistant", "content": text}
+
+
+def test_default_request_is_adaptive_and_exact(app, ref):
+    """No gamma/num_candidates: the router's adaptive policy (costs measured through the replicas by the first such
+    request, then shared) picks plain steps or rounds; at T=0 the text is the verifier's greedy text all the same."""
+    for prompt in PROMPTS[:2]:
+        out = post("/v1/completions", completion(prompt, temperature=0.0, seed=0)).json()
+        text, _ = ref.complete(prompt, max_tokens=40, temperature=0.0, seed=0, speculative=False)
+        assert out["choices"][0]["text"] == text
+        choices = out["usage"]["speculative"]["choices"]
+        assert sum(n for c, n in choices.items() if c == "plain" or c.startswith("gamma=")) > 0, choices
 
 
 def test_plain_decoding_request(app, ref):
@@ -122,11 +137,12 @@ def test_openai_client(app, ref):
     assert out.usage.completion_tokens == len(result.tokens)
     assert out.usage.model_extra["speculative"]["accepted_per_position"] == result.stats.accepted_per_position
     chat = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi there"}], max_tokens=30, seed=2
+        model=MODEL, messages=[{"role": "user", "content": "hi there"}], max_tokens=30, seed=2, extra_body=FIXED
     )
     assert chat.choices[0].message.content == ref.complete("hi there", max_tokens=30, temperature=1.0, seed=2, chat=True)[0]
     stream = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi there"}], max_tokens=30, seed=2, stream=True
+        model=MODEL, messages=[{"role": "user", "content": "hi there"}], max_tokens=30, seed=2, stream=True,
+        extra_body=FIXED,
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == chat.choices[0].message.content
     with pytest.raises(openai.BadRequestError) as err:

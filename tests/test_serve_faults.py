@@ -26,7 +26,10 @@ def ref():
 def faults_app(serve_cluster):
     from specdiff.serving.app import build_app
 
-    router = {**SMALL, "drafter_timeout_s": 1.0, "drafter_cooldown_s": 0.5, "verifier_retries": 6}
+    # A fixed γ/K: every round calls the drafter (the adaptive default would leave the random demo drafter for
+    # plain steps, and the kills would hit nothing).
+    router = {**SMALL, "drafter_timeout_s": 1.0, "drafter_cooldown_s": 0.5, "verifier_retries": 6, "gamma": 8,
+              "num_candidates": 4}
     run_app(build_app({"models": DEMO, "drafter": TWO, "verifier": TWO, "router": router}), "faults", "/faults")
     yield BASE + "/faults"
     serve_cluster.delete("faults")
@@ -40,7 +43,7 @@ def slow_app(serve_cluster):
         "models": {"verifier": "demo", "drafter": "import:serve_helpers:slow_drafter"},
         "drafter": SMALL,
         "verifier": SMALL,
-        "router": {**SMALL, "drafter_timeout_s": 0.3, "drafter_cooldown_s": 0.0},
+        "router": {**SMALL, "drafter_timeout_s": 0.3, "drafter_cooldown_s": 0.0, "gamma": 8, "num_candidates": 4},
     }
     run_app(build_app(args), "slow", "/slow")
     yield BASE + "/slow"

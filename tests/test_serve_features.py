@@ -10,7 +10,7 @@ import torch
 from ray import exceptions as ray_errors
 
 from serve_helpers import FEATURE_PROMPTS, FakeHandle, fitted_feature_drafter
-from specdiff import SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain
+from specdiff import SamplingParams, SpecConfig, SpeculationCosts, SpeculativeDecoder, generate_plain
 from specdiff.feature_drafter import build_feature_drafter, save_feature_drafter
 from specdiff.serving.config import DEMO, ModelSource
 from specdiff.serving.models import byte_tokenizer, demo_verifier_model
@@ -239,3 +239,27 @@ def test_default_drafter_resolution(tmp_path, monkeypatch):
     _save(tmp_path / "drafters", "default", demo_verifier_model(ModelSource(demo=True), 259), target_layer_ids=[0])
     assert resolve_default(ModelSource()).drafter == str(folder)
     assert resolve_default(ModelSource(demo=True)).drafter == DEMO
+
+
+def test_served_adaptive_decode_calibrates_through_the_replicas(pair):
+    """SpecConfig() served (the router's default): the cost model is measured with the calls a served round makes
+    (the feature drafter's ``draft`` with the session's rows, the verifier replica's ``verify``/``step``), the policy
+    then chooses γ/K per round from the outcomes that came back; T=0 equals plain, and with the costs given a
+    seeded T=1 decode equals the in-process adaptive one."""
+    drafter, verifier = pair
+    d, v, dserver, vserver = remote_pair(drafter, verifier)
+    ids = prompt_ids(FEATURE_PROMPTS[0])
+    decoder = SpeculativeDecoder(d, v)
+    served = decoder.generate(ids, max_new_tokens=40, sampling=SamplingParams(temperature=0), seed=0)
+    assert served.tokens == generate_plain(verifier, ids, max_new_tokens=40).tokens
+    assert decoder.costs is not None and served.stats.calibration_s > 0
+    # What it then chooses depends on the timings (a tiny model's); with costs given, choices are reproducible.
+    cheap = SpeculationCosts.affine(draft_s=0.001, base_s=0.01, per_node_s=0.0001)
+    opts = dict(max_new_tokens=40, sampling=SamplingParams(temperature=1.0), seed=3)
+    got = SpeculativeDecoder(d, v, costs=cheap).generate(ids, **opts)
+    want = SpeculativeDecoder(drafter, verifier, costs=cheap).generate(ids, **opts)
+    assert got.tokens == want.tokens and got.stats.choices == want.stats.choices and got.stats.rounds > 0
+    greedy = SpeculativeDecoder(d, v, costs=cheap).generate(ids, max_new_tokens=40, seed=0)  # T=0: what it learnt
+    assert greedy.tokens == served.tokens and greedy.stats.tau > 1.5  # whole windows accepted, served
+    v.close()
+    assert vserver.sessions() == {}  # the calibration's throwaway session is closed with the request's

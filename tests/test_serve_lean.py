@@ -12,7 +12,8 @@ from ray import exceptions as ray_errors
 
 from helpers import tiny_llama
 from serve_helpers import FakeHandle, LocalReference, _Response
-from specdiff import HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, build_small_drafter, generate_plain
+from specdiff import (HFVerifier, SamplingParams, SpecConfig, SpeculationCosts, SpeculativeDecoder, build_small_drafter,
+                      generate_plain)
 from specdiff.serving.remote import RemoteDrafter, RemoteVerifier
 from specdiff.serving.servers import DrafterServer, VerifierServer
 from specdiff.tree import build_tree
@@ -103,12 +104,12 @@ def ref():
     return LocalReference()
 
 
-def _served(ref, *, drafter_handle=None, verifier_handle=None, server=None):
+def _served(ref, *, drafter_handle=None, verifier_handle=None, server=None, costs=None):
     server = server or VerifierServer(ref.verifier)
     d = RemoteDrafter(drafter_handle or FakeHandle(DrafterServer(ref.drafter)), ref.drafter.vocab_size, timeout_s=30,
                       cooldown_s=0.0)
     v = RemoteVerifier(verifier_handle or FakeHandle(server), ref.verifier.vocab_size, ref.verifier.max_context)
-    return SpeculativeDecoder(d, v)
+    return SpeculativeDecoder(d, v, costs=costs)
 
 
 def test_t0_served_equals_plain_greedy(ref):
@@ -173,3 +174,18 @@ def test_drafter_down_runs_exact_plain_steps_on_the_verifier_replica(ref):
                                                        spec=SPEC, seed=0)
     assert got.tokens == generate_plain(ref.verifier, ids, max_new_tokens=30).tokens
     assert got.stats.fallbacks == 4 and got.stats.rounds > 0
+
+
+def test_served_adaptive_decode_learns_from_what_the_replica_returns(ref):
+    """The adaptive policy served: calibration times the replicas' calls, each round's outcome carries the rows'
+    streak probabilities back (a few floats), and a random-init drafter is soon left for plain steps; exact at T=0."""
+    ids = ref.tokenizer.encode("def f(x):", add_special_tokens=False)
+    decoder = _served(ref)
+    got = decoder.generate(ids, max_new_tokens=40, sampling=SamplingParams(temperature=0), seed=0)
+    assert got.tokens == generate_plain(ref.verifier, ids, max_new_tokens=40).tokens
+    assert decoder.costs is not None and got.stats.calibration_s > 0
+    # Even where speculation is cheap, a random-init drafter is soon left for plain steps: the policy learnt from the
+    # streak probabilities the replica sent back.
+    cheap = SpeculationCosts.affine(draft_s=0.001, base_s=0.01, per_node_s=0.0001)
+    got = _served(ref, costs=cheap).generate(ids, max_new_tokens=40, sampling=SamplingParams(temperature=1.0), seed=0)
+    assert got.stats.rounds > 0 and got.stats.choices.get("plain", 0) > got.stats.rounds

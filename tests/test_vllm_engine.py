@@ -86,7 +86,8 @@ def runs(tmp_path_factory):
         torch.set_num_threads(threads)
     marks = list(clock.items())
     print("stage seconds:", {k: round(t - t0, 1) for (_, t0), (k, t) in zip(marks, marks[1:])})
-    return {"plain": plain, "spec": spec, "metrics": metrics, "ours": ours, "export": export}
+    return {"plain": plain, "spec": spec, "metrics": metrics, "ours": ours, "export": export,
+            "drafter_dir": root / "drafter", "prompts": prompts}
 
 
 def test_speculative_output_equals_plain_decoding(runs):
@@ -117,3 +118,30 @@ def test_vllm_accepts_what_our_engine_accepts(runs):
           f"{ours_accepted} ({sum(r.stats.rounds for r in runs['ours'])} rounds)")
     assert ours_accepted >= len(runs["ours"]), ours_accepted  # the drafter did learn something (untrained: 0)
     assert abs(vllm_accepted - ours_accepted) <= max(4, 0.25 * ours_accepted), (vllm_accepted, ours_accepted)
+
+
+def test_bench_puts_vllm_rows_beside_ours(runs, tmp_path):
+    """jobs/bench_vllm.py: three vLLM engines kept side by side (plain, n-gram, our drafter) and our engine, on the
+    same prompts in one run; counters attributed per engine; every output equals vLLM plain at T=0."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "jobs"))
+    import bench_vllm
+
+    rc = bench_vllm.main(["--drafter", str(runs["drafter_dir"]), "--eager", "--domains", "math", "code",
+                          "--prompts-per-domain", "2", "--max-new-tokens", str(MAX_TOKENS), "--gamma", str(GAMMA),
+                          "--concurrency", "2", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "bench_vllm.json").read_text())
+    assert rc == 0 and report["vllm_outputs_equal_plain"], report["outputs_differing_from_vllm_plain"]
+    assert set(report["outputs_differing_from_vllm_plain"].values()) == {0}  # ours too: plain and speculative
+    methods = {"vllm_plain", "vllm_ngram", "vllm_ours", "plain", "specdiff"}
+    assert {(r["domain"], r["method"]) for r in report["rows"]} == {(d, m) for d in ("math", "code") for m in methods}
+    assert all(r["tokens_per_s"] > 0 for r in report["rows"])
+    # Per-engine counters (vLLM's metrics are process-wide): plain drafts nothing; the drafter learnt these prompts.
+    assert "vllm_plain" not in report["acceptance"]
+    ours = report["acceptance"]["vllm_ours"]
+    assert ours["draft_tokens"] == GAMMA * ours["drafts"] and ours["accepted_tokens"] > 0, ours
+    assert set(report["throughput_tokens_per_s"]) == {"vllm_plain", "vllm_ngram", "vllm_ours"}
+    assert "| math | vllm_ours |" in (tmp_path / "bench_vllm.md").read_text()

@@ -28,8 +28,9 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -113,7 +114,10 @@ def calibrate(drafter, verifier, prompt: Sequence[int], max_gamma: int, max_cand
 
     The sizes are timed round-robin (1, 2, 5, 9, 13, 33, 1, 2, ...), so a noisy stretch of a shared machine hits them
     alike: measured sequentially, 3 repeats each, four calibrations in a row on a 2-core VM put the 9-node pass at
-    1.00-1.20x a plain step, and a policy that believed 1.00x speculated with K=4 on chat (0.89x plain)."""
+    1.00-1.20x a plain step, and a policy that believed 1.00x speculated with K=4 on chat (0.89x plain).
+
+    Served (a session whose rounds run on a verifier replica, a drafter with ``draft``: ``specdiff.serving``), each
+    timed half is the call a served round makes, round trip included: what the policy must weigh there."""
     sizes = calibration_sizes(max_gamma, max_candidates)
     prompt = [int(t) for t in prompt]
     if verifier.max_context is not None:  # leave room for the trees and the most tokens each pass may commit
@@ -121,6 +125,7 @@ def calibrate(drafter, verifier, prompt: Sequence[int], max_gamma: int, max_cand
         room = verifier.max_context - sizes[-1] - (repeats + 1) * sum(deepest) - 1
         prompt = prompt[-max(room, 1):]
     session = verifier.start(prompt)
+    rounds = R.rounds_of(session)  # in-process, or on a verifier replica (a served session)
     vocab = verifier.vocab_size
 
     def draft_of(nodes: int) -> R.Draft | None:
@@ -132,28 +137,39 @@ def calibrate(drafter, verifier, prompt: Sequence[int], max_gamma: int, max_cand
         return R.Draft((torch.arange(k * g).view(k, g) + 1 + session.tokens[-1]) % vocab)
 
     # Whole verifying halves (trie, scores, softmax at every node, selection, acceptance, commit), sampled at T=1:
-    # what a round costs beyond the forward pass is part of its price (a plain step pays its share too).
-    sampling, spec, gen = SamplingParams(temperature=1.0), SpecConfig(), torch.Generator().manual_seed(0)
+    # what a round costs beyond the forward pass is part of its price (a plain step pays its share too). Served,
+    # each is a call to the verifier replica: its round trip is part of the price too.
+    sampling, spec = SamplingParams(temperature=1.0), SpecConfig()
     times: dict[int, list[float]] = {n: [] for n in sizes}
+    seed = 0
     for _ in range(repeats + 1):
         for nodes in sizes:
             draft = draft_of(nodes)
+            seed += 1
             t0 = time.perf_counter()
-            R.verify(session, draft, sampling, spec, gen)
+            rounds.step(sampling, seed) if draft is None else rounds.verify(draft, sampling, spec, seed)
             times[nodes].append(time.perf_counter() - t0)
     points = [(n, statistics.median(times[n][1:])) for n in sizes]  # the first round warms up
     draft = []
     prefix = list(session.tokens)
+    features = getattr(drafter, "needs_features", False)  # a feature drafter reads the session's tapped states
+    served = hasattr(drafter, "draft")  # a served drafter samples its candidates on its replica
+    round_spec = replace(spec, gamma=max_gamma, num_candidates=max_candidates)
+    gen = torch.Generator().manual_seed(0)
     try:
         for i in range(repeats + 1):  # growing prefix, as in decoding (a prefix-caching drafter runs the new part)
             t0 = time.perf_counter()
-            p = prefix[: len(prefix) - repeats + i]
-            if getattr(drafter, "needs_features", False):  # a feature drafter reads the session's tapped states
-                marginals = drafter.propose(p, max_gamma, session.features[: len(p) - 1])
+            if served:  # the call a served round makes (the session's rows travel once, then none are new)
+                p = prefix
+                d = drafter.draft(p, round_spec, i, session.features if features else None)
             else:
-                marginals = drafter.propose(p, max_gamma)
-            candidates, _ = sample_candidates(marginals, max_candidates, 1.0, gen)
-            R.with_lookup(R.Draft(candidates), p, spec)  # the copied candidate's search is part of drafting
+                p = prefix[: len(prefix) - repeats + i]
+                if features:
+                    marginals = drafter.propose(p, max_gamma, session.features[: len(p) - 1])
+                else:
+                    marginals = drafter.propose(p, max_gamma)
+                d = R.Draft(sample_candidates(marginals, max_candidates, 1.0, gen)[0])
+            R.with_lookup(d, p, spec)  # the copied candidate's search is part of drafting
             draft.append(time.perf_counter() - t0)
         draft_s = statistics.median(draft[1:])
     except DrafterUnavailable:
@@ -169,7 +185,8 @@ def costs_key(drafter, verifier, max_gamma: int, max_candidates: int) -> str:
     def kind(x) -> list:
         return [type(x).__qualname__, getattr(x, "small_rows", None), getattr(x, "tap_layers", None)]
 
-    return machine_cache.key("costs", CALIBRATION_VERSION,
+    transformers = sys.modules.get("transformers")  # its attention and cache code are part of a pass's price
+    return machine_cache.key("costs", CALIBRATION_VERSION, getattr(transformers, "__version__", None),
                              kind(verifier), machine_cache.shapes(verifier),
                              kind(drafter), machine_cache.shapes(drafter), calibration_sizes(max_gamma, max_candidates))
 

@@ -217,8 +217,12 @@ class RouterOptions(PoolOptions):
     max_candidates: int = Field(64, ge=1, description="Largest K a request may ask for.")
     max_tokens_limit: int = Field(4096, ge=1, description="Largest max_tokens a request may ask for.")
     default_max_tokens: int = Field(64, ge=1, description="max_tokens when a request gives none.")
-    gamma: int = Field(8, ge=1, description="Default window γ.")
-    num_candidates: int = Field(4, ge=1, description="Default K.")
+    gamma: int | None = Field(None, ge=1, description="Default window γ; None: chosen round by round by the "
+                              "adaptive policy (specdiff.policy), up to adaptive_max_gamma.")
+    num_candidates: int | None = Field(None, ge=1, description="Default K; None: adaptive, up to "
+                                       "adaptive_max_candidates.")
+    adaptive_max_gamma: int = Field(8, ge=1, description="Largest γ the adaptive policy tries.")
+    adaptive_max_candidates: int = Field(4, ge=1, description="Largest K the adaptive policy tries.")
     draft_temperature: float = Field(1.5, ge=0, description="Default draft temperature.")
     decode_threads: int = Field(256, ge=1, description="Threads that run decode loops (each blocks on handles).")
 

@@ -20,6 +20,7 @@ from typing import AsyncIterator
 
 from ..config import SamplingParams, SpecConfig
 from ..engine import DecodeStream, SpeculativeDecoder, stream_plain
+from ..policy import SpeculationCosts
 from ..stats import DecodeStats
 from .config import ModelSource, RouterOptions
 from .metrics import NullMetrics
@@ -75,6 +76,7 @@ def spec_usage(stats: DecodeStats, prompt_tokens: int, completion_tokens: int, s
         "drafter_s": round(stats.drafter_s, 6),
         "verifier_s": round(stats.verifier_s, 6),
         "prefill_s": round(stats.prefill_s, 6),
+        "choices": stats.choices,  # plain steps and the windows / K the rounds ran (the adaptive policy's picks)
     }
     return usage
 
@@ -90,6 +92,9 @@ class OpenAIRouter:
         self.pool = ThreadPoolExecutor(options.decode_threads, thread_name_prefix="decode")
         self._info: dict | None = None
         self._drafter: RemoteDrafter | None = None
+        # The adaptive policy's cost model (drafter call, verifier call per trie size), as served: round trips
+        # included. Measured by the first adaptive decode, then shared by this router's requests.
+        self.costs: SpeculationCosts | None = None
 
     async def info(self) -> dict:
         """vocab size / context, asked of the verifier once (the router does not load model weights)."""
@@ -142,17 +147,19 @@ class OpenAIRouter:
             raise ApiError(f"max_tokens must be <= {opts.max_tokens_limit}, got {max_tokens}", "max_tokens")
         gamma = opts.gamma if req.gamma is None else req.gamma
         k = opts.num_candidates if req.num_candidates is None else req.num_candidates
-        if not 1 <= gamma <= opts.max_gamma:
+        if gamma is not None and not 1 <= gamma <= opts.max_gamma:
             raise ApiError(f"gamma must be in [1, {opts.max_gamma}], got {gamma}", "gamma")
-        if not 1 <= k <= opts.max_candidates:
+        if k is not None and not 1 <= k <= opts.max_candidates:
             raise ApiError(f"num_candidates must be in [1, {opts.max_candidates}], got {k}", "num_candidates")
         if any(not s for s in req.stop_strings):
             raise ApiError(f"stop must hold non-empty strings, got {req.stop!r}", "stop")
         try:
             sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
             spec = SpecConfig(
-                gamma=gamma,
+                gamma=gamma,  # None (the default): the adaptive policy chooses, with the router's cost model
                 num_candidates=k,
+                max_gamma=min(opts.adaptive_max_gamma, opts.max_gamma),
+                max_candidates=min(opts.adaptive_max_candidates, opts.max_candidates),
                 draft_temperature=opts.draft_temperature if req.draft_temperature is None else req.draft_temperature,
                 draft_top_k=req.draft_top_k,
                 acceptance=req.acceptance,
@@ -194,11 +201,12 @@ class OpenAIRouter:
             seed=req.seed,
         )
         if spec is not None:
-            decoder = SpeculativeDecoder(self._drafter, verifier, decode=self._decode)
+            # An adaptive decode takes the router's cost model, measured through the replicas by the first one.
+            decoder = SpeculativeDecoder(self._drafter, verifier, decode=self._decode, costs=self.costs)
             stream = decoder.stream(prompt_ids, spec=spec, **options)
         else:
-            stream = stream_plain(verifier, prompt_ids, decode=self._decode, **options)
-        run = _Run(self, stream, verifier, req, prompt_ids, chat, speculative=spec is not None)
+            decoder, stream = None, stream_plain(verifier, prompt_ids, decode=self._decode, **options)
+        run = _Run(self, stream, verifier, req, prompt_ids, chat, decoder)
         if req.stream:
             return run.sse()
         return await run.complete()
@@ -210,10 +218,11 @@ class OpenAIRouter:
 class _Run:
     """One request's decode: chunks from the worker thread, formatted as OpenAI JSON or SSE."""
 
-    def __init__(self, router: OpenAIRouter, stream: DecodeStream, verifier, req, prompt_ids, chat, speculative):
+    def __init__(self, router: OpenAIRouter, stream: DecodeStream, verifier, req, prompt_ids, chat,
+                 decoder: SpeculativeDecoder | None):
         self.router, self.stream, self.verifier, self.req = router, stream, verifier, req
         self.prompt_tokens = len(prompt_ids)
-        self.chat, self.speculative = chat, speculative
+        self.chat, self.speculative, self.decoder = chat, decoder is not None, decoder
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.text = TextStreamer(router._decode, req.stop_strings)
@@ -246,6 +255,8 @@ class _Run:
             finally:
                 self.stream.close()
                 self.verifier.close()
+                if self.decoder is not None and self.router.costs is None:  # the first adaptive decode measured it
+                    self.router.costs = self.decoder.costs
                 put(_DONE)
 
         self.router.pool.submit(work)

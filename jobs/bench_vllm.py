@@ -1,0 +1,228 @@
+"""Benchmark in vLLM: vLLM plain, vLLM n-gram and vLLM + our feature drafter, next to our engine, in ONE run.
+
+    python jobs/bench_vllm.py [--drafter DIR] [--gamma 4] [--concurrency 16] [--out DIR]
+
+Runs in the vLLM virtualenv (README: "vLLM engine (optional)"). The three vLLM engines are loaded once and kept
+alive side by side; then, prompt by prompt, every method decodes the same held-out prompt (evaluation splits,
+chat template, T=0, same max tokens) back to back, so a noisy stretch of the machine hits all alike:
+
+- ``vllm_plain``: the verifier alone in vLLM;
+- ``vllm_ngram``: vLLM's prompt-lookup speculation (``--gamma`` tokens, n-gram sizes ``--ngram``);
+- ``vllm_ours``: vLLM's ``dflash`` method with our drafter (``--drafter``, exported with ``specdiff.export_vllm``);
+- ``plain`` and ``specdiff``: our engine in this process (Hugging Face verifier, adaptive γ/K), for reference.
+
+Batch 1 is one request at a time. Then ``--concurrency`` requests at once (the prompts repeated) per vLLM engine:
+total tokens/s, the throughput a loaded server sees. vLLM rows are compared with vLLM plain, ours with our plain.
+At T=0 every vLLM row must emit vLLM plain's tokens (the script says where one does not). Writes ``bench_vllm.md``
+and ``bench_vllm.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--drafter", default=None, help="feature drafter folder (default: the state directory's default "
+                   "drafter, built by jobs/build_drafter.py)")
+    p.add_argument("--domains", nargs="+", default=["code", "math", "chat"])
+    p.add_argument("--prompts-per-domain", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--gamma", type=int, default=4, help="speculative tokens per step for both vLLM methods")
+    p.add_argument("--ngram", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"),
+                   help="n-gram sizes of vLLM's prompt lookup")
+    p.add_argument("--concurrency", type=int, default=16, help="requests at once for the throughput rows (0: skip)")
+    p.add_argument("--eager", action="store_true", help="vLLM without compilation (loads in ~1 min instead of "
+                   "~2.5 on 2 cores; decodes slower)")
+    p.add_argument("--no-ours", action="store_true", help="skip our engine's rows")
+    p.add_argument("--kv-cache-gb", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE per engine (CPU build)")
+    p.add_argument("--out", default="bench-vllm")
+    return p.parse_args(argv)
+
+
+def spec_counters(llm) -> dict[str, float]:
+    """vLLM's cumulative spec-decode counters (drafts, draft tokens, accepted tokens), summed over their label sets:
+    the metrics are process-wide, and engines in one process may report under the same name and labels."""
+    out: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if m.name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                      "vllm:spec_decode_num_accepted_tokens"):
+            name = m.name.removeprefix("vllm:spec_decode_num_")
+            out[name] = out.get(name, 0.0) + float(getattr(m, "value", 0) or 0)
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        print(f"error: vLLM is not importable here ({e}); run this in the vLLM virtualenv (README: 'vLLM engine "
+              "(optional)')", file=sys.stderr)
+        return 2
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gb))
+    import torch
+    from vllm import LLM
+    from vllm import SamplingParams as VllmSampling
+    from vllm.inputs import TokensPrompt
+
+    from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder, generate_plain, load_drafter
+    from specdiff.export_vllm import export_vllm
+    from specdiff.models import default_verifier_path, load_causal_lm, state_dir
+    from specdiff.prompts import chat_prompt_ids, load_prompts
+
+    drafter_dir = Path(args.drafter) if args.drafter else state_dir() / "drafters" / "default"
+    if not drafter_dir.is_dir():
+        print(f"error: no drafter at {drafter_dir}; build one with `python jobs/build_drafter.py` or pass --drafter",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    verifier_dir = default_verifier_path()
+    export = export_vllm(drafter_dir, out / "drafter-vllm", verifier_dir=verifier_dir)
+    gamma = min(args.gamma, export.num_speculative_tokens)
+
+    model, tokenizer = load_causal_lm(str(verifier_dir), "float32")
+    prompts = [(d, chat_prompt_ids(tokenizer, p)) for d in args.domains
+               for p in load_prompts(d, "eval", args.prompts_per_domain)]
+    configs = {
+        "vllm_plain": None,
+        "vllm_ngram": {"method": "ngram", "num_speculative_tokens": gamma, "prompt_lookup_min": args.ngram[0],
+                       "prompt_lookup_max": args.ngram[1]},
+        "vllm_ours": export.speculative_config(gamma),
+    }
+    engines, load_s = {}, {}
+    for name, spec in configs.items():
+        t0 = time.perf_counter()
+        print(f"[bench_vllm] loading {name} ...", flush=True)
+        engines[name] = LLM(model=str(verifier_dir), dtype="float32", enforce_eager=args.eager, max_model_len=2048,
+                            seed=0, disable_log_stats=False, speculative_config=spec)
+        load_s[name] = time.perf_counter() - t0
+        print(f"[bench_vllm] {name} loaded in {load_s[name]:.0f} s", flush=True)
+    greedy = VllmSampling(temperature=0.0, max_tokens=args.max_new_tokens, ignore_eos=False)
+
+    ours = {}
+    if not args.no_ours:
+        drafter = load_drafter(drafter_dir, dtype=torch.float32, verifier=model)
+        verifier = HFVerifier(model, tap_layers=getattr(drafter, "tap_layers", None))
+        decoder = SpeculativeDecoder(drafter, verifier, costs_cache=state_dir() / "costs")
+        plain_verifier = HFVerifier(model)
+        stops = [tokenizer.eos_token_id]
+        ours = {
+            "plain": lambda p: generate_plain(plain_verifier, p, max_new_tokens=args.max_new_tokens,
+                                              stop_token_ids=stops).tokens,
+            "specdiff": lambda p: decoder.generate(p, max_new_tokens=args.max_new_tokens, stop_token_ids=stops,
+                                                   spec=SpecConfig(), seed=0).tokens,
+        }
+        ours["specdiff"](prompts[0][1][:8])  # warm-up (and the cost model: kept per machine)
+
+    counted: dict[str, dict[str, float]] = {}  # spec-decode counters per engine, batch-1 rows only
+
+    def vllm_run(name, batch, count=False):
+        # vLLM's metrics are process-wide: engines run one at a time, so a call's counter delta is its own.
+        before = spec_counters(engines[name]) if count else {}
+        results = engines[name].generate([TokensPrompt(prompt_token_ids=p) for p in batch], greedy, use_tqdm=False)
+        for k, v in spec_counters(engines[name]).items() if count else ():
+            counted.setdefault(name, {}).setdefault(k, 0.0)
+            counted[name][k] += v - before.get(k, 0.0)
+        return [list(r.outputs[0].token_ids) for r in results]
+
+    for name in engines:  # warm-up: first-request overheads
+        vllm_run(name, [prompts[0][1][:8]])
+
+    rows: dict[tuple[str, str], dict] = {}
+    outputs: dict[str, list] = {}
+    methods = [*engines, *ours]
+    for i, (domain, prompt) in enumerate(prompts):
+        for name in methods:
+            t0 = time.perf_counter()
+            tokens = vllm_run(name, [prompt], count=True)[0] if name in engines else ours[name](prompt)
+            seconds = time.perf_counter() - t0
+            row = rows.setdefault((domain, name), {"tokens": 0, "seconds": 0.0})
+            row["tokens"] += len(tokens)
+            row["seconds"] += seconds
+            outputs.setdefault(name, []).append(tokens)
+        print(f"[bench_vllm] prompt {i + 1}/{len(prompts)} ({domain}) done", flush=True)
+
+    throughput = {}
+    if args.concurrency:
+        batch = [prompts[i % len(prompts)][1] for i in range(args.concurrency)]
+        for name in engines:
+            t0 = time.perf_counter()
+            tokens = sum(len(t) for t in vllm_run(name, batch))
+            throughput[name] = tokens / (time.perf_counter() - t0)
+            print(f"[bench_vllm] {name}: {args.concurrency} at once, {throughput[name]:.1f} tok/s", flush=True)
+
+    report = build_report(args, rows, outputs, counted, throughput, load_s, gamma, prompts)
+    (out / "bench_vllm.json").write_text(json.dumps(report, indent=1))
+    (out / "bench_vllm.md").write_text(report_markdown(report))
+    print(report_markdown(report))
+    for llm in engines.values():
+        del llm
+    engines.clear()
+    gc.collect()
+    return 0 if report["vllm_outputs_equal_plain"] else 1
+
+
+def build_report(args, rows, outputs, counted, throughput, load_s, gamma, prompts) -> dict:
+    domains = list(dict.fromkeys(d for d, _ in prompts))
+    table = []
+    for domain in domains:
+        for name in dict.fromkeys(n for d, n in rows if d == domain):
+            r = rows[(domain, name)]
+            base = rows[(domain, "vllm_plain" if name.startswith("vllm") else "plain")]
+            rate, base_rate = r["tokens"] / r["seconds"], base["tokens"] / base["seconds"]
+            table.append({"domain": domain, "method": name, "tokens": r["tokens"], "seconds": round(r["seconds"], 3),
+                          "tokens_per_s": round(rate, 2), "speedup": round(rate / base_rate, 3)})
+    acceptance = {}
+    for name, delta in counted.items():
+        if delta.get("drafts"):
+            acceptance[name] = {**delta, "tau": round(1 + delta["accepted_tokens"] / delta["drafts"], 3)}
+    plain = outputs["vllm_plain"]
+    differ = {name: sum(a != b for a, b in zip(outs, plain)) for name, outs in outputs.items()}
+    vllm_equal = all(differ[n] == 0 for n in outputs if n.startswith("vllm"))
+    return {
+        "settings": {"gamma": gamma, "ngram": args.ngram, "max_new_tokens": args.max_new_tokens, "eager": args.eager,
+                     "prompts_per_domain": args.prompts_per_domain, "concurrency": args.concurrency,
+                     "dtype": "float32"},
+        "rows": table,
+        "acceptance": acceptance,
+        "throughput_tokens_per_s": {k: round(v, 2) for k, v in throughput.items()},
+        "throughput_vs_vllm_plain": {k: round(v / throughput["vllm_plain"], 3) for k, v in throughput.items()}
+        if throughput.get("vllm_plain") else {},
+        "outputs_differing_from_vllm_plain": differ,
+        "vllm_outputs_equal_plain": vllm_equal,
+        "load_s": {k: round(v, 1) for k, v in load_s.items()},
+    }
+
+
+def report_markdown(report: dict) -> str:
+    s = report["settings"]
+    lines = [f"# vLLM bench (T=0, float32, γ={s['gamma']}, n-gram {s['ngram']}, {s['max_new_tokens']} tokens, "
+             f"{s['prompts_per_domain']} prompts/domain, eager={s['eager']})", "",
+             "| domain | method | tok/s | speed-up (vLLM rows: vs vllm_plain; ours: vs plain) |", "|---|---|---|---|"]
+    lines += [f"| {r['domain']} | {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× |"
+              for r in report["rows"]]
+    if report["acceptance"]:
+        lines += ["", "| method | drafts | draft tokens | accepted | τ |", "|---|---|---|---|---|"]
+        lines += [f"| {n} | {a['drafts']:.0f} | {a['draft_tokens']:.0f} | {a['accepted_tokens']:.0f} | {a['tau']:.2f} |"
+                  for n, a in report["acceptance"].items()]
+    if report["throughput_tokens_per_s"]:
+        lines += ["", f"{s['concurrency']} requests at once: " + ", ".join(
+            f"{n} {v:.1f} tok/s ({report['throughput_vs_vllm_plain'].get(n, 0):.2f}×)"
+            for n, v in report["throughput_tokens_per_s"].items())]
+    lines += ["", "outputs differing from vllm_plain (of each method's prompts): "
+              + ", ".join(f"{n} {c}" for n, c in report["outputs_differing_from_vllm_plain"].items()),
+              "load seconds: " + ", ".join(f"{n} {v:.0f}" for n, v in report["load_s"].items())]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # vLLM spawns engine processes: the guard is required
+    sys.exit(main())
