@@ -2,7 +2,13 @@
 speculation, printed as a Markdown table.
 
     python jobs/loadtest.py                       # starts a private Ray + Serve (demo models) on 127.0.0.1:8011
+    python jobs/loadtest.py --app default --in-process   # the embedded default pair, and served vs in-process
     python jobs/loadtest.py --url http://127.0.0.1:8000 --model my-model   # an app already running
+
+Requests leave γ and K to the app (its default: the adaptive policy) unless ``--gamma`` / ``--k`` are given.
+``--in-process`` (a private app only) loads the same pair in this process (one torch thread, as in a replica) and
+after each served completion at concurrency 1 decodes the same prompt in process, speculative and plain: the
+served / in-process ratio of tok/s per pair, side by side in one run.
 
 Bounded: ``--requests`` per cell, ``--max-tokens`` per request, a timeout on every request, loopback only.
 """
@@ -66,6 +72,62 @@ def run_cell(url, model, concurrency, speculative, args):
     }
 
 
+def compare_in_process(url, args, pairs_per_mode: int = 4) -> list[dict]:
+    """Served completion, then the same decode in this process (same pair, seed, γ/K settings), alternating, for
+    speculative and plain requests: tok/s of each and their ratio."""
+    import torch
+
+    from specdiff import SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain
+    from specdiff.serving.config import ModelSource
+    from specdiff.serving.models import load_drafter, load_tokenizer, load_verifier, resolve_pair
+
+    torch.set_num_threads(1)  # as in a replica (one CPU's share)
+    source, _ = resolve_pair(ModelSource(demo=True) if args.app == "demo" else ModelSource())
+    drafter, verifier, tokenizer = load_drafter(source), load_verifier(source), load_tokenizer(source)
+    decoder = SpeculativeDecoder(drafter, verifier)  # adaptive: calibrated here, as the router does there
+    plain_verifier = load_verifier(source.model_copy(update={"drafter": "demo"})) if verifier.tap_layers else verifier
+    sampling = SamplingParams(temperature=args.temperature)
+    spec = SpecConfig(gamma=args.gamma, num_candidates=args.k)
+    out = []
+    for i in range(pairs_per_mode * 2 + 2):  # two warm-ups (one per mode), then alternating pairs
+        speculative = i % 2 == 0
+        prompt = PROMPTS[(i // 2) % len(PROMPTS)]
+        body = {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": args.temperature,
+                "seed": i, "speculative": speculative, "gamma": args.gamma, "num_candidates": args.k}
+        t0 = time.perf_counter()
+        r = requests.post(url + "/v1/completions", json=body, timeout=args.timeout)
+        r.raise_for_status()
+        served_s, usage = time.perf_counter() - t0, r.json()["usage"]
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        t0 = time.perf_counter()
+        if speculative:
+            local = decoder.generate(ids, max_new_tokens=args.max_tokens, sampling=sampling, spec=spec, seed=i)
+        else:
+            local = generate_plain(plain_verifier, ids, max_new_tokens=args.max_tokens, sampling=sampling, seed=i)
+        local_s = time.perf_counter() - t0
+        if i >= 2:
+            served = usage["completion_tokens"] / served_s
+            here = len(local.tokens) / local_s
+            out.append({"mode": "speculative" if speculative else "plain", "served_tok_s": served,
+                        "in_process_tok_s": here, "ratio": served / here, "tau": usage["speculative"]["tau"],
+                        "choices": usage["speculative"].get("choices")})
+            print(f"pair {i - 1}: {out[-1]['mode']}: served {served:.1f} tok/s, in process {here:.1f} tok/s "
+                  f"({served / here:.2f}x)", file=sys.stderr, flush=True)
+    return out
+
+
+def print_pairs(pairs: list[dict]) -> None:
+    print("\n| mode | served tok/s | in-process tok/s | served / in-process (median; per pair) |")
+    print("|---|---|---|---|")
+    for mode in ("speculative", "plain"):
+        rows = [p for p in pairs if p["mode"] == mode]
+        ratios = [p["ratio"] for p in rows]
+        served = ", ".join(f"{p['served_tok_s']:.1f}" for p in rows)
+        here = ", ".join(f"{p['in_process_tok_s']:.1f}" for p in rows)
+        each = ", ".join(f"{r:.2f}" for r in ratios)
+        print(f"| {mode} | {served} | {here} | {statistics.median(ratios):.2f}; {each} |")
+
+
 def start_local(port: int, args):
     """A private Ray instance + the demo app; returns a stop() callable."""
     os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S="60")
@@ -79,7 +141,8 @@ def start_local(port: int, args):
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # private instance
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"num_cpus": 0.5}
-    app = build_app({"models": {"demo": True}, "drafter": small, "verifier": small, "router": small})
+    models = {"demo": True} if args.app == "demo" else {}  # {}: the embedded default pair
+    app = build_app({"models": models, "drafter": small, "verifier": small, "router": small})
     done = threading.Event()
 
     def deploy():  # serve.run blocks forever if a deployment cannot be placed: wait with a deadline
@@ -105,19 +168,28 @@ def main(argv=None):
     p.add_argument("--requests", type=int, default=16, help="requests per cell (at least the concurrency)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--gamma", type=int, default=8)
-    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--gamma", type=int, default=None, help="window per request (default: the app's; adaptive)")
+    p.add_argument("--k", type=int, default=None, help="candidates per request (default: the app's; adaptive)")
+    p.add_argument("--app", choices=["demo", "default"], default="demo",
+                   help="private app: the tiny demo pair, or the embedded default pair (needs its drafter built)")
+    p.add_argument("--in-process", action="store_true",
+                   help="compare each served completion at concurrency 1 with the same decode in this process")
     p.add_argument("--timeout", type=float, default=300, help="per request, seconds")
     p.add_argument("--startup-timeout", type=float, default=300)
     args = p.parse_args(argv)
 
     stop = None
     url = args.url
+    if args.in_process and url is not None:
+        p.error("--in-process needs the private app (no --url): both sides must run the same pair")
+    if args.app == "default" and args.model == "specdiff-demo":
+        args.model = "smollm2-135m-instruct"
     if url is None:
         stop = start_local(8011, args)
         url = "http://127.0.0.1:8011"
     try:
         run_cell(url, args.model, 1, True, argparse.Namespace(**{**vars(args), "requests": 2}))  # warm-up
+        pairs = compare_in_process(url, args) if args.in_process else []
         rows = []
         for c in args.concurrency:
             for spec in (False, True):
@@ -127,6 +199,8 @@ def main(argv=None):
     finally:
         if stop is not None:
             stop()
+    if pairs:
+        print_pairs(pairs)
     print(f"\nmax_tokens={args.max_tokens} temperature={args.temperature} gamma={args.gamma} K={args.k}\n")
     print("| concurrency | mode | requests | tokens/s | requests/s | p50 latency (s) | p99 latency (s) | τ |")
     print("|---|---|---|---|---|---|---|---|")
