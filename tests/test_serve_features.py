@@ -263,3 +263,19 @@ def test_served_adaptive_decode_calibrates_through_the_replicas(pair):
     assert greedy.tokens == served.tokens and greedy.stats.tau > 1.5  # whole windows accepted, served
     v.close()
     assert vserver.sessions() == {}  # the calibration's throwaway session is closed with the request's
+
+
+def test_adaptive_plain_runs_keep_the_feature_rows_whole(pair):
+    """A feature drafter served with costs that make plain steps win until probes show the drafter is good: the
+    plain runs' committed rows reach the drafter replica like a round's, so served drafts, choices and acceptance
+    equal the in-process decode's."""
+    drafter, verifier = pair
+    d, v, _, _ = remote_pair(drafter, verifier)
+    costs = SpeculationCosts.affine(draft_s=0.005, base_s=0.009, per_node_s=0.001)
+    ids = prompt_ids(FEATURE_PROMPTS[0])
+    opts = dict(max_new_tokens=64, sampling=SamplingParams(temperature=0.0), seed=1)
+    served = SpeculativeDecoder(d, v, costs=costs).generate(ids, **opts)
+    local = SpeculativeDecoder(drafter, verifier, costs=costs).generate(ids, **opts)
+    assert served.tokens == local.tokens and served.stats.choices == local.stats.choices
+    assert served.stats.accepted_per_position == local.stats.accepted_per_position
+    assert served.stats.choices["plain"] > 1 and served.stats.rounds > 0, served.stats.choices

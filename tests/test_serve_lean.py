@@ -13,7 +13,7 @@ from ray import exceptions as ray_errors
 from helpers import tiny_llama
 from serve_helpers import FakeHandle, LocalReference, _Response
 from specdiff import (HFVerifier, SamplingParams, SpecConfig, SpeculationCosts, SpeculativeDecoder, build_small_drafter,
-                      generate_plain)
+                      generate_plain, stream_plain)
 from specdiff.serving.remote import RemoteDrafter, RemoteVerifier
 from specdiff.serving.servers import DrafterServer, VerifierServer
 from specdiff.tree import build_tree
@@ -189,3 +189,25 @@ def test_served_adaptive_decode_learns_from_what_the_replica_returns(ref):
     cheap = SpeculationCosts.affine(draft_s=0.001, base_s=0.01, per_node_s=0.0001)
     got = _served(ref, costs=cheap).generate(ids, max_new_tokens=40, sampling=SamplingParams(temperature=1.0), seed=0)
     assert got.stats.rounds > 0 and got.stats.choices.get("plain", 0) > got.stats.rounds
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_plain_steps_run_several_to_a_call_and_equal_single_steps(ref, temperature):
+    """Served, a run of plain steps is one verifier call (1, then 2, 4, 8, 16 steps): the round trips a plain step
+    paid one by one; each step still draws from its own position's stream, so the tokens are the in-process ones."""
+    log: list = []
+    v = RemoteVerifier(Metered(VerifierServer(ref.verifier), log), ref.verifier.vocab_size, ref.verifier.max_context)
+    ids = ref.tokenizer.encode("Once upon a time", add_special_tokens=False)
+    sampling = SamplingParams(temperature=temperature)
+    served = stream_plain(v, ids, max_new_tokens=40, sampling=sampling, seed=4).run()
+    local = generate_plain(ref.verifier, ids, max_new_tokens=40, sampling=sampling, seed=4)
+    assert served.tokens == local.tokens and served.stats.verifier_calls == 40
+    assert [(name, len(out[0].tokens)) for name, _, _, out in log] == [
+        ("verify", 1), ("steps", 2), ("steps", 4), ("steps", 8), ("steps", 16), ("steps", 9)]
+    # A run ends at a stop token, as single steps would.
+    stop = local.tokens[12]
+    log.clear()
+    cut = stream_plain(v, ids, max_new_tokens=40, sampling=sampling, seed=4, stop_token_ids=[stop]).run()
+    assert cut.tokens == local.tokens[: local.tokens.index(stop) + 1] and cut.finish_reason == "stop"
+    assert sum(len(out[0].tokens) for *_, out in log) == len(cut.tokens)  # nothing decoded past it
+

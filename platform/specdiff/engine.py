@@ -149,6 +149,40 @@ def _plain_step(session: VerifierSession, sampling: SamplingParams, base: int, s
     return out.tokens
 
 
+MAX_PLAIN_RUN = 16  # plain steps a served session runs in one call: the first of a decode alone, then 2, 4, ... 16
+
+
+def _plain_run(session: VerifierSession, sampling: SamplingParams, base: int, stats: DecodeStats, n: int,
+               stop_ids) -> list[int]:
+    """``n`` plain steps in one call where the session's rounds run elsewhere (a served session: one round trip
+    instead of ``n``); each step draws from its own position's stream, so the tokens are those of ``n`` single
+    steps. In process (no such call to save) this is never used: the loop takes single steps."""
+    pos = R.position(session.tokens)
+    t0 = time.perf_counter()
+    out = R.rounds_of(session).steps(sampling, [R.round_seed(base, pos + i, R.VERIFY) for i in range(n)],
+                                     sorted(stop_ids))
+    stats.verifier_s += time.perf_counter() - t0
+    for _ in out.tokens:
+        stats.record_plain_step()
+    return out.tokens
+
+
+class _Runs:
+    """Lengths of the runs of plain steps a served decode takes in one call: 1 first (the first token as soon as
+    possible), then doubling up to ``MAX_PLAIN_RUN``, so a streamed reply starts at once and then flows in chunks."""
+
+    def __init__(self, session: VerifierSession):
+        self.served = hasattr(R.rounds_of(session), "steps")
+        self.next = 1
+
+    def take(self, limit: int) -> int:
+        if not self.served:
+            return 1
+        n = max(1, min(self.next, limit))
+        self.next = min(self.next * 2, MAX_PLAIN_RUN)
+        return n
+
+
 def _room(session: VerifierSession, max_context: int | None) -> int:
     """Tokens that may still be emitted before the verifier's context is full."""
     return max_context - len(session.tokens) if max_context is not None else 1 << 62
@@ -279,8 +313,10 @@ class SpeculativeDecoder:
         policy: SpeculationPolicy | None = None
         base = R.draw_base_seed(gen)  # every round's streams derive from it (specdiff.rounds)
 
+        runs: _Runs | None = None
+
         def step(session: VerifierSession, room: int) -> list[int]:
-            nonlocal policy
+            nonlocal policy, runs
             if spec.adaptive and policy is None:
                 policy = SpeculationPolicy.from_spec(spec, self._costs(spec, session.tokens, stats))
             # The policy decides from earlier rounds only (never this round's draws), so each round stays exact.
@@ -289,7 +325,12 @@ class SpeculativeDecoder:
             gamma = min(window, stopper.remaining - 1, room - 1)
             if gamma < 1:
                 if window == 0:
-                    stats.policy_plain_steps += 1
+                    runs = runs or _Runs(session)
+                    n = policy.plain_run(runs.take(min(stopper.remaining, room)))  # served: several in one call
+                    tokens = (_plain_run(session, sampling, base, stats, n, stopper.stop_ids) if n > 1 else
+                              _plain_step(session, sampling, base, stats))
+                    stats.policy_plain_steps += len(tokens)
+                    return tokens
                 return _plain_step(session, sampling, base, stats)
             round_spec = replace(spec, gamma=gamma, num_candidates=k)
             tokens, seen = self._round(session, sampling, round_spec, base, stats)
@@ -360,7 +401,14 @@ def stream_plain(
     stats = stats if stats is not None else DecodeStats()
     base = R.draw_base_seed(make_generator(seed, generator))
 
+    runs: _Runs | None = None
+
     def step(session: VerifierSession, room: int) -> list[int]:
+        nonlocal runs
+        runs = runs or _Runs(session)
+        n = runs.take(min(stopper.remaining, room))  # served: several steps in one call
+        if n > 1:
+            return _plain_run(session, sampling, base, stats, n, stopper.stop_ids)
         return _plain_step(session, sampling, base, stats)
 
     return DecodeStream(_decode_loop(verifier, prompt, stopper, stats, step), stopper, stats)

@@ -333,6 +333,15 @@ class SpeculationPolicy:
         self._since_probe += 1
         return PLAIN
 
+    def plain_run(self, limit: int) -> int:
+        """Right after ``choose()`` returned ``PLAIN``: how many plain steps in a row, this one included and at most
+        ``limit``, it would choose before its next probe, all taken at once (a served session runs them in one call:
+        ``specdiff.engine``). Only rounds change its estimates, so those choices are already fixed."""
+        interval = min(self._base_interval << min(self._fails, 20), self._max_interval)
+        n = max(1, min(limit, interval - self._since_probe + 1))
+        self._since_probe += n - 1
+        return n
+
     def observe(self, gamma: int, k: int, num_accepted: int, tree_nodes: int, *,
                 candidates: torch.Tensor | None = None, streak_probs: torch.Tensor | None = None,
                 lookup: bool = False) -> None:

@@ -167,6 +167,19 @@ def verify(session, draft: Draft | None, sampling: SamplingParams, spec: SpecCon
                    int(tree.candidates.shape[0]), tree.num_nodes - 1, int(best), streaks)
 
 
+def plain_steps(session, sampling: SamplingParams, seeds: Sequence[int], stop_ids: Sequence[int] = ()) -> Outcome:
+    """One plain step per seed on ``session`` (``verify`` with no draft, each from its own round stream), ending after
+    a token of ``stop_ids``: the tokens those steps emit one by one, as one ``Outcome``. A served session runs a
+    run of plain steps in one call this way (``engine``)."""
+    stop, tokens = set(stop_ids), []
+    for seed in seeds:
+        token = verify(session, None, sampling, None, round_generator(seed)).tokens[0]
+        tokens.append(token)
+        if token in stop:
+            break
+    return Outcome(tokens, 0, [])
+
+
 class LocalRounds:
     """The verifying half run here, on an in-process ``VerifierSession`` (a served session runs it on its replica
     and has the same two methods)."""

@@ -290,6 +290,12 @@ class RemoteVerifierSession:
         """A plain (verifier-only) step, sampled on the replica."""
         return self._advance(self._call("verify", None, sampling, None, seed))
 
+    def steps(self, sampling, seeds: Sequence[int], stop_ids: Sequence[int] = ()) -> Outcome:
+        """A run of plain steps (one per seed, ending after a stop token) in ONE call to the replica: a plain step
+        served costs a round trip, which on a 2-core box was a quarter of the step (``jobs/loadtest.py
+        --in-process``)."""
+        return self._advance(self._call("steps", sampling, [int(s) for s in seeds], [int(t) for t in stop_ids]))
+
     def _advance(self, result: tuple[Outcome, FeatureRows | None]) -> Outcome:
         out, rows = result
         if self.features is not None:  # the root (the old pending token) and the accepted nodes, now committed

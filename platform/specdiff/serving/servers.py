@@ -262,6 +262,20 @@ class VerifierServer:
                 rows = FeatureRows.encode(committed, start, self.feature_dtype)
             return out, rows
 
+    def steps(self, session_id: str, sync: TokenSync, sampling: SamplingParams, seeds: list[int],
+              stop_ids: list[int]) -> tuple[rounds.Outcome, FeatureRows | None] | NeedTokens:
+        """A run of plain steps in one call (``rounds.plain_steps``: one per seed, ending after a stop token): what
+        ``verify`` with no draft returns for each, merged; the committed tokens' features with tap layers."""
+        with self._session(session_id, sync) as entry:
+            if entry is None:
+                return NeedTokens()
+            start = len(entry.session.tokens) - 1
+            out = rounds.plain_steps(entry.session, sampling, seeds, stop_ids)
+            rows = None
+            if entry.session.features is not None:
+                rows = FeatureRows.encode(entry.session.features[start:], start, self.feature_dtype)
+            return out, rows
+
     def score(self, session_id: str, tokens: list[int], commit: tuple[list[int], int] | None,
               tree: TokenTree) -> torch.Tensor:
         """Log-probs [N+1, V] at every node of ``tree`` after the session's ``tokens``: the whole distribution,
