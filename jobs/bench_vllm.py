@@ -164,9 +164,7 @@ def main(argv=None) -> int:
     (out / "bench_vllm.json").write_text(json.dumps(report, indent=1))
     (out / "bench_vllm.md").write_text(report_markdown(report))
     print(report_markdown(report))
-    for llm in engines.values():
-        del llm
-    engines.clear()
+    engines.clear()  # the engines' processes end with their last reference
     gc.collect()
     return 0 if report["vllm_outputs_equal_plain"] else 1
 

@@ -77,7 +77,7 @@ def compare_in_process(url, args, pairs_per_mode: int = 4) -> list[dict]:
     speculative and plain requests: tok/s of each and their ratio."""
     import torch
 
-    from specdiff import SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain
+    from specdiff import HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain
     from specdiff.serving.config import ModelSource
     from specdiff.serving.models import load_drafter, load_tokenizer, load_verifier, resolve_pair
 
@@ -85,7 +85,8 @@ def compare_in_process(url, args, pairs_per_mode: int = 4) -> list[dict]:
     source, _ = resolve_pair(ModelSource(demo=True) if args.app == "demo" else ModelSource())
     drafter, verifier, tokenizer = load_drafter(source), load_verifier(source), load_tokenizer(source)
     decoder = SpeculativeDecoder(drafter, verifier)  # adaptive: calibrated here, as the router does there
-    plain_verifier = load_verifier(source.model_copy(update={"drafter": "demo"})) if verifier.tap_layers else verifier
+    # Plain decoding pays for no taps; the same weights, not a second load.
+    plain_verifier = HFVerifier(verifier.model, max_context=verifier.max_context) if verifier.tap_layers else verifier
     sampling = SamplingParams(temperature=args.temperature)
     spec = SpecConfig(gamma=args.gamma, num_candidates=args.k)
     out = []

@@ -211,7 +211,7 @@ def test_long_prompt_really_runs_long(ref):
 def test_client_disconnect_frees_session_streaming(app, serve_cluster):
     verifier = serve_cluster.get_deployment_handle("Verifier", app_name="specdiff")
     assert _wait_no_sessions(verifier, 30)
-    body = completion(LONG, max_tokens=1000, stream=True, temperature=0.0)
+    body = completion(LONG, max_tokens=1000, stream=True, temperature=0.0, **FIXED)  # as below: a long decode
     response = requests.post(BASE + "/v1/completions", json=body, stream=True, timeout=60)
     assert next(line for line in response.iter_lines() if line.startswith(b"data: "))
     assert len(verifier.sessions.remote().result(timeout_s=30)) == 1  # the decode is running
@@ -223,7 +223,9 @@ def test_client_disconnect_frees_session_streaming(app, serve_cluster):
 def test_client_disconnect_frees_session_non_streaming(app, serve_cluster):
     verifier = serve_cluster.get_deployment_handle("Verifier", app_name="specdiff")
     assert _wait_no_sessions(verifier, 30)
-    body = completion(LONG, max_tokens=1000, temperature=0.0)
+    # A fixed γ/K: a round (two replica calls) per token of the random demo drafter. Adaptive, the decode takes plain
+    # steps, 16 to a call, and 1000 tokens of the tiny demo model may end before the client's 3 s are up.
+    body = completion(LONG, max_tokens=1000, temperature=0.0, **FIXED)
     seen: list[int] = []
     client_left = threading.Event()
 

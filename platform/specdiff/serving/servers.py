@@ -251,26 +251,23 @@ class VerifierServer:
         needs: the emitted tokens (``Outcome``) and, with tap layers, the committed nodes' features (root + accepted
         nodes, the feature drafter's next rows); or ``NeedTokens`` when this replica lacks the session at ``sync``.
         A retried call finds the session advanced, asks for the tokens, rebuilds and draws the same numbers again."""
-        with self._session(session_id, sync) as entry:
-            if entry is None:
-                return NeedTokens()
-            start = len(entry.session.tokens) - 1  # the root's position
-            out = rounds.verify(entry.session, draft, sampling, spec, rounds.round_generator(seed))
-            rows = None
-            if entry.session.features is not None:
-                committed = entry.session.features[start:]  # root + accepted nodes, appended by the commit
-                rows = FeatureRows.encode(committed, start, self.feature_dtype)
-            return out, rows
+        return self._advance(session_id, sync, lambda session: rounds.verify(
+            session, draft, sampling, spec, rounds.round_generator(seed)))
 
     def steps(self, session_id: str, sync: TokenSync, sampling: SamplingParams, seeds: list[int],
               stop_ids: list[int]) -> tuple[rounds.Outcome, FeatureRows | None] | NeedTokens:
         """A run of plain steps in one call (``rounds.plain_steps``: one per seed, ending after a stop token): what
         ``verify`` with no draft returns for each, merged; the committed tokens' features with tap layers."""
+        return self._advance(session_id, sync, lambda session: rounds.plain_steps(session, sampling, seeds, stop_ids))
+
+    def _advance(self, session_id: str, sync: TokenSync, run) -> tuple[rounds.Outcome, FeatureRows | None] | NeedTokens:
+        """``run(session)`` on the session at ``sync`` (it commits what it emits) -> its ``Outcome`` and, with tap
+        layers, the features of every token it committed, from the old pending token (the root) on."""
         with self._session(session_id, sync) as entry:
             if entry is None:
                 return NeedTokens()
-            start = len(entry.session.tokens) - 1
-            out = rounds.plain_steps(entry.session, sampling, seeds, stop_ids)
+            start = len(entry.session.tokens) - 1  # the root's position
+            out = run(entry.session)
             rows = None
             if entry.session.features is not None:
                 rows = FeatureRows.encode(entry.session.features[start:], start, self.feature_dtype)
