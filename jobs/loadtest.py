@@ -16,6 +16,7 @@ Bounded: ``--requests`` per cell, ``--max-tokens`` per request, a timeout on eve
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -35,23 +36,33 @@ def percentile(values, q):
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
+def held_out(per_domain: int = 4) -> list[str]:
+    """User messages from the evaluation splits (code, math, chat interleaved): what the default drafter is for."""
+    sys.path.insert(0, str(ROOT / "platform"))
+    from specdiff.prompts import load_prompts
+
+    domains = [load_prompts(d, "eval", per_domain) for d in ("code", "math", "chat")]
+    return [p for group in zip(*domains) for p in group]
+
+
+def request_body(args, i: int, speculative: bool) -> tuple[str, dict]:
+    """(endpoint, body) of request ``i``: a raw completion, or a chat message from the held-out prompts."""
+    body = {"model": args.model, "max_tokens": args.max_tokens, "temperature": args.temperature, "seed": i,
+            "speculative": speculative, "gamma": args.gamma, "num_candidates": args.k}
+    if args.prompt_set == "raw":
+        return "/v1/completions", {**body, "prompt": PROMPTS[i % len(PROMPTS)]}
+    message = args.messages[i % len(args.messages)]
+    return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": message}]}
+
+
 def run_cell(url, model, concurrency, speculative, args):
     def one(i):
-        body = {
-            "model": model,
-            "prompt": PROMPTS[i % len(PROMPTS)],
-            "max_tokens": args.max_tokens,
-            "temperature": args.temperature,
-            "seed": i,
-            "speculative": speculative,
-            "gamma": args.gamma,
-            "num_candidates": args.k,
-        }
+        endpoint, body = request_body(args, i, speculative)
         t0 = time.perf_counter()
-        r = requests.post(url + "/v1/completions", json=body, timeout=args.timeout)
+        r = requests.post(url + endpoint, json=body, timeout=args.timeout)
         r.raise_for_status()
         usage = r.json()["usage"]
-        return time.perf_counter() - t0, usage["completion_tokens"], usage["speculative"]["tau"]
+        return time.perf_counter() - t0, usage["completion_tokens"], usage["speculative"]
 
     n = max(args.requests, concurrency)
     t0 = time.perf_counter()
@@ -68,7 +79,8 @@ def run_cell(url, model, concurrency, speculative, args):
         "req_s": n / wall,
         "p50_s": statistics.median(latencies),
         "p99_s": percentile(latencies, 99),
-        "tau": statistics.mean(r[2] for r in results),
+        "tau": statistics.mean(r[2]["tau"] for r in results),
+        "busy_plain": sum(r[2].get("choices", {}).get("busy_plain", 0) for r in results),
     }
 
 
@@ -78,6 +90,7 @@ def compare_in_process(url, args, pairs_per_mode: int = 4) -> list[dict]:
     import torch
 
     from specdiff import HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain
+    from specdiff.prompts import chat_prompt_ids
     from specdiff.serving.config import ModelSource
     from specdiff.serving.models import load_drafter, load_tokenizer, load_verifier, resolve_pair
 
@@ -92,14 +105,16 @@ def compare_in_process(url, args, pairs_per_mode: int = 4) -> list[dict]:
     out = []
     for i in range(pairs_per_mode * 2 + 2):  # two warm-ups (one per mode), then alternating pairs
         speculative = i % 2 == 0
-        prompt = PROMPTS[(i // 2) % len(PROMPTS)]
-        body = {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": args.temperature,
-                "seed": i, "speculative": speculative, "gamma": args.gamma, "num_candidates": args.k}
+        endpoint, body = request_body(args, i // 2, speculative)
+        body["seed"] = i
         t0 = time.perf_counter()
-        r = requests.post(url + "/v1/completions", json=body, timeout=args.timeout)
+        r = requests.post(url + endpoint, json=body, timeout=args.timeout)
         r.raise_for_status()
         served_s, usage = time.perf_counter() - t0, r.json()["usage"]
-        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        if "prompt" in body:
+            ids = tokenizer.encode(body["prompt"], add_special_tokens=False)
+        else:
+            ids = chat_prompt_ids(tokenizer, body["messages"][0]["content"])
         t0 = time.perf_counter()
         if speculative:
             local = decoder.generate(ids, max_new_tokens=args.max_tokens, sampling=sampling, spec=spec, seed=i)
@@ -143,7 +158,10 @@ def start_local(port: int, args):
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"num_cpus": 0.5}
     models = {"demo": True} if args.app == "demo" else {}  # {}: the embedded default pair
-    app = build_app({"models": models, "drafter": small, "verifier": small, "router": small})
+    router = dict(small)
+    if args.max_load is not None:  # "off": always speculate
+        router["speculation_max_load"] = None if args.max_load == "off" else int(args.max_load)
+    app = build_app({"models": models, "drafter": small, "verifier": small, "router": router})
     done = threading.Event()
 
     def deploy():  # serve.run blocks forever if a deployment cannot be placed: wait with a deadline
@@ -173,8 +191,15 @@ def main(argv=None):
     p.add_argument("--k", type=int, default=None, help="candidates per request (default: the app's; adaptive)")
     p.add_argument("--app", choices=["demo", "default"], default="demo",
                    help="private app: the tiny demo pair, or the embedded default pair (needs its drafter built)")
+    p.add_argument("--prompts", dest="prompt_set", choices=["raw", "heldout"], default=None,
+                   help="raw completions (default with the demo app) or chat messages from the held-out evaluation "
+                   "prompts of code, math and chat (default with --app default)")
+    p.add_argument("--max-load", default=None, metavar="N|off",
+                   help="private app: router.speculation_max_load (speculation off above N sessions on a verifier "
+                   "replica; off: always speculate; default: the app's)")
     p.add_argument("--in-process", action="store_true",
                    help="compare each served completion at concurrency 1 with the same decode in this process")
+    p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument("--timeout", type=float, default=300, help="per request, seconds")
     p.add_argument("--startup-timeout", type=float, default=300)
     args = p.parse_args(argv)
@@ -185,6 +210,9 @@ def main(argv=None):
         p.error("--in-process needs the private app (no --url): both sides must run the same pair")
     if args.app == "default" and args.model == "specdiff-demo":
         args.model = "smollm2-135m-instruct"
+    if args.prompt_set is None:
+        args.prompt_set = "heldout" if args.app == "default" else "raw"
+    args.messages = held_out() if args.prompt_set == "heldout" else []
     if url is None:
         stop = start_local(8011, args)
         url = "http://127.0.0.1:8011"
@@ -202,14 +230,19 @@ def main(argv=None):
             stop()
     if pairs:
         print_pairs(pairs)
-    print(f"\nmax_tokens={args.max_tokens} temperature={args.temperature} gamma={args.gamma} K={args.k}\n")
-    print("| concurrency | mode | requests | tokens/s | requests/s | p50 latency (s) | p99 latency (s) | τ |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"\nprompts={args.prompt_set} max_tokens={args.max_tokens} temperature={args.temperature} "
+          f"gamma={args.gamma} K={args.k} max_load={args.max_load}\n")
+    print("| concurrency | mode | requests | tokens/s | requests/s | p50 latency (s) | p99 latency (s) | τ | "
+          "plain steps under load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['concurrency']} | {r['mode']} | {r['requests']} | {r['tok_s']:.1f} | {r['req_s']:.2f} | "
-            f"{r['p50_s']:.2f} | {r['p99_s']:.2f} | {r['tau']:.2f} |"
+            f"{r['p50_s']:.2f} | {r['p99_s']:.2f} | {r['tau']:.2f} | {r['busy_plain']} |"
         )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "messages"},
+                                               "rows": rows, "pairs": pairs}, indent=1))
 
 
 if __name__ == "__main__":

@@ -202,12 +202,47 @@ def test_plain_steps_run_several_to_a_call_and_equal_single_steps(ref, temperatu
     served = stream_plain(v, ids, max_new_tokens=40, sampling=sampling, seed=4).run()
     local = generate_plain(ref.verifier, ids, max_new_tokens=40, sampling=sampling, seed=4)
     assert served.tokens == local.tokens and served.stats.verifier_calls == 40
-    assert [(name, len(out[0].tokens)) for name, _, _, out in log] == [
+    assert [(name, len(out.outcome.tokens)) for name, _, _, out in log] == [
         ("verify", 1), ("steps", 2), ("steps", 4), ("steps", 8), ("steps", 16), ("steps", 9)]
     # A run ends at a stop token, as single steps would.
     stop = local.tokens[12]
     log.clear()
     cut = stream_plain(v, ids, max_new_tokens=40, sampling=sampling, seed=4, stop_token_ids=[stop]).run()
     assert cut.tokens == local.tokens[: local.tokens.index(stop) + 1] and cut.finish_reason == "stop"
-    assert sum(len(out[0].tokens) for *_, out in log) == len(cut.tokens)  # nothing decoded past it
+    assert sum(len(out.outcome.tokens) for *_, out in log) == len(cut.tokens)  # nothing decoded past it
 
+
+
+def test_busy_verifier_turns_speculation_off_until_the_load_drops(ref):
+    """The router's gate (``router.speculation_max_load``): every verifier call returns its replica's load (sessions
+    decoding there); while it is over the limit a decode takes plain steps, several to a call, and speculates again
+    once the load drops. Exact either way (T=0: the verifier's greedy tokens)."""
+    server = VerifierServer(ref.verifier, load_window_s=3600)  # a session counts until it closes (no timing here)
+    log: list = []
+    ids = ref.tokenizer.encode("def f(x):", add_special_tokens=False)
+    want = generate_plain(ref.verifier, ids, max_new_tokens=40).tokens
+    others = RemoteVerifier(FakeHandle(server), ref.verifier.vocab_size, ref.verifier.max_context)
+    for text in ("Hello", "Once upon a time"):  # two other decodes on the same replica
+        stream_plain(others, ref.tokenizer.encode(text, add_special_tokens=False), max_new_tokens=2).run()
+    assert server.load() == 2
+
+    def decode(limit):
+        log.clear()
+        d = RemoteDrafter(FakeHandle(DrafterServer(ref.drafter)), ref.drafter.vocab_size, timeout_s=30)
+        v = RemoteVerifier(Metered(server, log), ref.verifier.vocab_size, ref.verifier.max_context)
+        out = SpeculativeDecoder(d, v, gate=lambda session: session.load <= limit).generate(
+            ids, max_new_tokens=40, sampling=SamplingParams(temperature=0), spec=SPEC, seed=0)
+        assert [out.load for *_, out in log][-1] == 3  # this decode and the two others
+        v.close()
+        return out
+
+    busy = decode(limit=2)
+    assert busy.tokens == want
+    # The first round ran before any call had told the load; then only plain steps, in runs of 1, 2, 4, 8, 16.
+    assert busy.stats.rounds == 1 and busy.stats.emitted - busy.stats.gated_plain_steps == busy.stats.accepted + 1
+    assert busy.stats.choices["busy_plain"] == busy.stats.gated_plain_steps > 0
+    assert [name for name, *_ in log][:3] == ["verify", "verify", "steps"]
+    idle = decode(limit=3)  # the same load within the limit: speculation all the way
+    assert idle.tokens == want and idle.stats.gated_plain_steps == 0 and idle.stats.rounds > 1
+    others.close()
+    assert server.load() == 0

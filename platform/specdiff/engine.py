@@ -219,6 +219,11 @@ class SpeculativeDecoder:
     keeps it for this decoder's lifetime, and, given ``costs_cache`` (a folder), for later processes on the same
     machine with the same model shapes (``policy.cached_calibrate``); ``recalibrate`` measures anew and replaces the
     kept one. ``costs_measured`` says which happened (None until the first adaptive decode, or with ``costs`` given).
+
+    ``gate``: asked before every round with the session; False runs plain steps instead (served: several to a call)
+    until it says True again. The router turns speculation off while the verifier replica is busier than the
+    measured crossover load (``router.speculation_max_load``). It must not look at a round's draws (it sees only the
+    session), so the output stays exact; a seeded T>0 decode then depends on the load it met.
     """
 
     def __init__(
@@ -230,6 +235,7 @@ class SpeculativeDecoder:
         costs: SpeculationCosts | None = None,
         costs_cache: str | Path | None = None,
         recalibrate: bool = False,
+        gate: Callable[[VerifierSession], bool] | None = None,
     ):
         if drafter.vocab_size != verifier.vocab_size:
             raise ValueError(
@@ -243,6 +249,7 @@ class SpeculativeDecoder:
         self.costs_cache = Path(costs_cache) if costs_cache is not None else None
         self.recalibrate = recalibrate
         self.costs_measured: bool | None = None
+        self.gate = gate
         # The drafting half: a served drafter samples its candidates on its replica (``draft``); an in-process one
         # proposes marginals, sampled here. Chosen once.
         self._draft = self._draft_remote if hasattr(drafter, "draft") else self._draft_local
@@ -317,6 +324,13 @@ class SpeculativeDecoder:
 
         def step(session: VerifierSession, room: int) -> list[int]:
             nonlocal policy, runs
+            if self.gate is not None and not self.gate(session):  # speculation is off for now (a busy verifier)
+                runs = runs or _Runs(session)
+                n = runs.take(min(stopper.remaining, room))
+                tokens = (_plain_run(session, sampling, base, stats, n, stopper.stop_ids) if n > 1 else
+                          _plain_step(session, sampling, base, stats))
+                stats.gated_plain_steps += len(tokens)
+                return tokens
             if spec.adaptive and policy is None:
                 policy = SpeculationPolicy.from_spec(spec, self._costs(spec, session.tokens, stats))
             # The policy decides from earlier rounds only (never this round's draws), so each round stays exact.

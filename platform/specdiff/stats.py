@@ -20,6 +20,7 @@ class DecodeStats:
     lookup_selected: int = 0  # ... in which self-selection kept it (it scored strictly higher than every draft)
     fallbacks: int = 0  # rounds decoded verifier-only because the drafter was unavailable or too slow
     policy_plain_steps: int = 0  # verifier-only steps the adaptive policy chose (no speculation paid)
+    gated_plain_steps: int = 0  # verifier-only steps taken while the decoder's gate held speculation off (load)
     rounds_by_gamma: list[int] = field(default_factory=list)  # [gamma+1]: speculative rounds run with window g
     rounds_by_k: list[int] = field(default_factory=list)  # [K+1]: speculative rounds run with K candidates
     drafter_s: float = 0.0
@@ -63,6 +64,8 @@ class DecodeStats:
     def choices(self) -> dict[str, int]:
         """What the decode ran: plain steps the policy chose, rounds by window and by K (for logs)."""
         out = {"plain": self.policy_plain_steps}
+        if self.gated_plain_steps:
+            out["busy_plain"] = self.gated_plain_steps
         out.update({f"gamma={g}": n for g, n in enumerate(self.rounds_by_gamma) if n})
         out.update({f"K={k}": n for k, n in enumerate(self.rounds_by_k) if n})
         return out

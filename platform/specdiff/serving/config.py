@@ -223,6 +223,11 @@ class RouterOptions(PoolOptions):
                                        "adaptive_max_candidates.")
     adaptive_max_gamma: int = Field(8, ge=1, description="Largest γ the adaptive policy tries.")
     adaptive_max_candidates: int = Field(4, ge=1, description="Largest K the adaptive policy tries.")
+    speculation_max_load: int | None = Field(
+        None, ge=1, description="Speculate only while the session's verifier replica decodes at most this many "
+        "sessions; busier, decodes take plain steps (several to a call) until the load drops. None: always "
+        "speculate. Measure the crossover with jobs/loadtest.py. Requests that name gamma or num_candidates are "
+        "not gated.")
     draft_temperature: float = Field(1.5, ge=0, description="Default draft temperature.")
     decode_threads: int = Field(256, ge=1, description="Threads that run decode loops (each blocks on handles).")
 

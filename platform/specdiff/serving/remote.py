@@ -251,6 +251,7 @@ class RemoteVerifierSession:
         self.handle = verifier.handle.options(session_id=self.id)  # routed by Serve's consistent-hash router
         self.tokens = list(prompt)
         self._synced = False  # the replica was sent the tokens once (the first call carries the prompt)
+        self.load = 0  # sessions decoding on its replica, as of the last call (``SpeculativeDecoder``'s gate)
         self.features = RemoteFeatures(self) if verifier.tap_layers else None
 
     def _call(self, method: str, *args):
@@ -296,11 +297,13 @@ class RemoteVerifierSession:
         --in-process``)."""
         return self._advance(self._call("steps", sampling, [int(s) for s in seeds], [int(t) for t in stop_ids]))
 
-    def _advance(self, result: tuple[Outcome, FeatureRows | None]) -> Outcome:
-        out, rows = result
+    def _advance(self, result) -> Outcome:
+        """A ``servers.Advanced``: the tokens emitted, the committed tokens' features, the replica's load."""
+        out, rows = result.outcome, result.rows
         if self.features is not None:  # the root (the old pending token) and the accepted nodes, now committed
             self.features.append(rows.decode(), rows.start, rows.dtype)
         self.tokens.extend(out.tokens)
+        self.load = result.load
         return out
 
     def fetch_features(self, start: int) -> FeatureRows:

@@ -202,7 +202,8 @@ class OpenAIRouter:
         )
         if spec is not None:
             # An adaptive decode takes the router's cost model, measured through the replicas by the first one.
-            decoder = SpeculativeDecoder(self._drafter, verifier, decode=self._decode, costs=self.costs)
+            decoder = SpeculativeDecoder(self._drafter, verifier, decode=self._decode, costs=self.costs,
+                                         gate=self._gate(req))
             stream = decoder.stream(prompt_ids, spec=spec, **options)
         else:
             decoder, stream = None, stream_plain(verifier, prompt_ids, decode=self._decode, **options)
@@ -210,6 +211,15 @@ class OpenAIRouter:
         if req.stream:
             return run.sse()
         return await run.complete()
+
+    def _gate(self, req):
+        """Speculation off while the session's verifier replica decodes more than ``speculation_max_load`` sessions
+        (under load, its compute is the bottleneck and a round's rejected nodes waste it); a request that names its
+        γ or K runs them as given."""
+        limit = self.options.speculation_max_load
+        if limit is None or req.gamma is not None or req.num_candidates is not None:
+            return None
+        return lambda session: session.load <= limit
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

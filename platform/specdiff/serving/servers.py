@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -186,6 +187,16 @@ class DrafterServer:
         return {"vocab_size": self.vocab_size, "pair": self.pair, "tap_layers": self.tap_layers}
 
 
+@dataclass(frozen=True)
+class Advanced:
+    """A verifier call's answer: the round's (or plain steps') ``Outcome``; the committed tokens' tapped features
+    (None without tap layers); and the replica's ``load`` (sessions decoding on it), which gates speculation."""
+
+    outcome: rounds.Outcome
+    rows: FeatureRows | None
+    load: int
+
+
 @dataclass
 class _Entry:
     session: HFVerifierSession
@@ -213,8 +224,11 @@ class VerifierServer:
         max_sessions: int = 256,
         kv_cache_budget_mb: float = 2048,
         feature_dtype: str = "float16",
+        load_window_s: float = 1.0,
     ):
         self.verifier: Verifier = _build(verifier, "start")
+        self.load_window_s = load_window_s
+        self._seen: dict[str, float] = {}  # session id -> when its last call began (``load``)
         self.feature_dtype = feature_dtype  # of the tapped features sent back (specdiff.serving.wire)
         self.max_sessions = max_sessions
         self.budget_bytes = int(kv_cache_budget_mb * 2**20)
@@ -245,7 +259,7 @@ class VerifierServer:
             self._sessions.clear()
 
     def verify(self, session_id: str, sync: TokenSync, draft: rounds.Draft | None, sampling: SamplingParams,
-               spec: SpecConfig | None, seed: int) -> tuple[rounds.Outcome, FeatureRows | None] | NeedTokens:
+               spec: SpecConfig | None, seed: int) -> Advanced | NeedTokens:
         """The verifying half of a round on the session at ``sync`` (``draft`` None: a plain step): trie, scores,
         self-selection, acceptance and commit all run here, from the round stream ``seed``. Returns what the router
         needs: the emitted tokens (``Outcome``) and, with tap layers, the committed nodes' features (root + accepted
@@ -255,14 +269,15 @@ class VerifierServer:
             session, draft, sampling, spec, rounds.round_generator(seed)))
 
     def steps(self, session_id: str, sync: TokenSync, sampling: SamplingParams, seeds: list[int],
-              stop_ids: list[int]) -> tuple[rounds.Outcome, FeatureRows | None] | NeedTokens:
+              stop_ids: list[int]) -> Advanced | NeedTokens:
         """A run of plain steps in one call (``rounds.plain_steps``: one per seed, ending after a stop token): what
         ``verify`` with no draft returns for each, merged; the committed tokens' features with tap layers."""
         return self._advance(session_id, sync, lambda session: rounds.plain_steps(session, sampling, seeds, stop_ids))
 
-    def _advance(self, session_id: str, sync: TokenSync, run) -> tuple[rounds.Outcome, FeatureRows | None] | NeedTokens:
-        """``run(session)`` on the session at ``sync`` (it commits what it emits) -> its ``Outcome`` and, with tap
-        layers, the features of every token it committed, from the old pending token (the root) on."""
+    def _advance(self, session_id: str, sync: TokenSync, run) -> Advanced | NeedTokens:
+        """``run(session)`` on the session at ``sync`` (it commits what it emits) -> its ``Outcome``, with tap
+        layers the features of every token it committed, from the old pending token (the root) on, and this
+        replica's ``load``."""
         with self._session(session_id, sync) as entry:
             if entry is None:
                 return NeedTokens()
@@ -271,7 +286,18 @@ class VerifierServer:
             rows = None
             if entry.session.features is not None:
                 rows = FeatureRows.encode(entry.session.features[start:], start, self.feature_dtype)
-            return out, rows
+        return Advanced(out, rows, self.load())
+
+    def load(self) -> int:
+        """Sessions decoding on this replica now: those with a call in flight or begun within ``load_window_s``
+        (a decode calls every round; the gap between its calls is a round trip). The router turns speculation off
+        for a decode whose replica is busier than ``router.speculation_max_load`` (``docs/serve.md``)."""
+        now = time.monotonic()
+        with self._lock:
+            for sid in [sid for sid, t in self._seen.items() if now - t > self.load_window_s
+                        and sid not in self._busy]:
+                del self._seen[sid]
+            return len(self._seen)
 
     def score(self, session_id: str, tokens: list[int], commit: tuple[list[int], int] | None,
               tree: TokenTree) -> torch.Tensor:
@@ -301,6 +327,7 @@ class VerifierServer:
         miss, None on a miss without tokens; out of the LRU while in use, put back after a call that did not
         fail."""
         with self._lock:
+            self._seen[session_id] = time.monotonic()
             entry = self._sessions.pop(session_id, None)
             busy = self._busy.setdefault(session_id, [0, sync.n])
             busy[0] += 1
@@ -347,6 +374,7 @@ class VerifierServer:
     def close(self, session_id: str) -> bool:
         """Free a session's KV cache (the request finished or its client went away)."""
         with self._lock:
+            self._seen.pop(session_id, None)
             found = self._sessions.pop(session_id, None) is not None
             if session_id in self._busy and session_id not in self._closed:  # its call in flight drops it at the end
                 self._closed.add(session_id)
