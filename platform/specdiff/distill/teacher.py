@@ -173,13 +173,18 @@ class TeacherSampler:
     and epochs get fresh samples.
     """
 
+    engine = "hf"
+
     def __init__(self, verifier: dict, dtype: str, sampling: dict, max_new_tokens: int, logprobs_k: int,
                  max_prompt_tokens: int, seed: int, taps: list[int] | None = None):
+        self._setup(verifier, sampling, max_new_tokens, logprobs_k, max_prompt_tokens, seed, taps)
+        self.hf = HFModel(load_verifier_model(self.record.path, dtype))
+
+    def _setup(self, verifier, sampling, max_new_tokens, logprobs_k, max_prompt_tokens, seed, taps) -> None:
         keep_freed_memory()  # batched passes allocate the same large blocks batch after batch
         self.taps = tuple(taps) if taps else None  # a feature drafter's context: kept from the same passes
         self.record = VerifierRecord(**verifier)
         self.sampling = SamplingParams(**sampling)
-        self.hf = HFModel(load_verifier_model(self.record.path, dtype))
         self.max_new_tokens = max_new_tokens
         self.logprobs_k = logprobs_k
         self.max_prompt_tokens = max_prompt_tokens
@@ -208,16 +213,11 @@ class TeacherSampler:
         import pyarrow as pa
 
         prompts = self._prompt_ids(table)
-        features: list[torch.Tensor] = []
-        targets: list[torch.Tensor] | None = [] if self.taps else None
-        completions, top_ids, top_lp = sample_completions(
-            self.hf, prompts, self.max_new_tokens, self.sampling, self.logprobs_k, self.generator,
-            taps=self.taps, features_out=features, prompt_targets_out=targets,
-        )
+        completions, top_ids, top_lp, features, targets = self._sample(prompts)
         n = len(prompts)
         self.sampled += n
         # One line a batch: the job log (and jobs/build_drafter.py's progress bar) shows the teacher advancing.
-        print(f"[teacher] {n} trajectories sampled ({self.sampled} by this actor)", flush=True)
+        print(f"[teacher] {n} trajectories sampled ({self.sampled} by this actor, {self.engine})", flush=True)
         extra = {}
         if self.taps:
             from .feature import encode_features
@@ -227,14 +227,26 @@ class TeacherSampler:
             extra["prompt_targets"] = pa.array([t.tolist() for t in targets], type=pa.list_(pa.int32()))
         return pa.table({**extra,
             "prompt_ids": pa.array(prompts, type=pa.list_(pa.int32())),
-            "completion_ids": pa.array(completions.tolist(), type=pa.list_(pa.int32())),
-            "topk_ids": pa.array(top_ids.tolist(), type=pa.list_(pa.list_(pa.int32()))),
-            "topk_logprobs": pa.array(top_lp.tolist(), type=pa.list_(pa.list_(pa.float32()))),
+            "completion_ids": pa.array(completions, type=pa.list_(pa.int32())),
+            "topk_ids": pa.array(top_ids, type=pa.list_(pa.list_(pa.int32()))),
+            "topk_logprobs": pa.array(top_lp, type=pa.list_(pa.list_(pa.float32()))),
             "verifier_name": pa.array([self.record.name] * n),
             "verifier_version": pa.array([self.record.version] * n),
             "verifier_digest": pa.array([self.record.digest] * n),
             "sampling": pa.array([json.dumps(asdict(self.sampling), sort_keys=True)] * n),
         })
+
+
+    def _sample(self, prompts: list[list[int]]):
+        """-> completions [B][N], top-k ids [B][N][k], top-k log p [B][N][k] (lists), and with taps the features
+        [P_b + N - 1, F] and prompt targets [P_b] per prompt (else empty / None)."""
+        features: list[torch.Tensor] = []
+        targets: list[torch.Tensor] | None = [] if self.taps else None
+        completions, top_ids, top_lp = sample_completions(
+            self.hf, prompts, self.max_new_tokens, self.sampling, self.logprobs_k, self.generator,
+            taps=self.taps, features_out=features, prompt_targets_out=targets,
+        )
+        return completions.tolist(), top_ids.tolist(), top_lp.tolist(), features, targets
 
 
 def _actor_id() -> str:
@@ -268,8 +280,11 @@ def teacher_dataset(prompts, verifier: VerifierRecord, cfg, taps: list[int] | No
     # training runs beside a streamed teacher: the repartition's tasks then find no free CPU and the job stalls.
     if whole_batches:
         prompts = prompts.repartition(target_num_rows_per_block=t.batch_size, strict=True)
+    from .teacher_vllm import VLLMTeacherSampler, choose_engine
+
+    sampler = VLLMTeacherSampler if choose_engine(t.engine, t.gpus_per_actor) == "vllm" else TeacherSampler
     return prompts.map_batches(
-        TeacherSampler,
+        sampler,
         fn_constructor_kwargs={
             "verifier": verifier.to_dict(),
             "dtype": cfg.verifier.dtype,
