@@ -1,7 +1,9 @@
 """``serve run serve_apps.specdiff:app [key=value ...]`` (from the repository root).
 
-With no arguments it serves a TINY RANDOM-INIT DEMO model pair on CPU (gibberish text, real machinery); point
-``models.verifier`` / ``models.drafter`` at real weights. See docs/serve.md and specdiff.serving.config.AppConfig.
+With no arguments it serves the embedded default pair (SmolLM2-135M-Instruct and its built feature drafter);
+``models.demo=true`` serves the tiny random-init demo pair the tests use; ``models.verifier`` / ``models.drafter``
+point at other weights. See docs/serve.md and specdiff.serving.config.AppConfig. vLLM instead of the split pools:
+``serve_apps.specdiff_vllm:app``.
 """
 
 from specdiff.serving.app import build_app

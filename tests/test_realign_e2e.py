@@ -130,3 +130,26 @@ def test_failing_job_is_retried_twice_then_reported_and_never_resubmitted(world,
     assert "(status failed)" in logs[0]
     assert len([j for j in head.jobs() if j.submission_id.startswith("realign-tiny-v3")]) == 2
     assert not reg.aligned("tiny", str(v3.version))
+
+
+def test_readme_ray_job_submit_runs_the_distillation_job(head, tmp_path):
+    """README's `ray job submit --working-dir . -- python jobs/distill.py ...` against a private head: the job
+    uploads the checkout, trains on the cluster and writes its drafter where the command said."""
+    assets = make_assets(tmp_path / "assets", train_prompts=64)
+    out = tmp_path / "drafter"
+    ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    cmd = [ray, "job", "submit", "--address", head.address, "--working-dir", ".", "--",
+           "python", "jobs/distill.py", "--config", "jobs/configs/tiny.yaml",
+           "--set", f"verifier.path={assets / 'verifier'}", "--set", f"data.prompts={assets / 'prompts.jsonl'}",
+           "--set", f"data.heldout={assets / 'heldout.jsonl'}", "--set", f"run.storage_path={tmp_path / 'results'}",
+           "--set", f"run.output_dir={out}"]
+    for s in FAST:
+        cmd += ["--set", s]
+    env = {**os.environ, **ENV, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "succeeded" in done.stdout + done.stderr
+    summary = json.loads(next(line for line in reversed(done.stdout.splitlines()) if "[distill] {" in line)
+                         .split("[distill] ", 1)[1])
+    assert summary["finished"] and summary["output_dir"] == str(out)
+    assert (out / "specdiff_drafter.json").exists()  # a drafter folder load_drafter reads

@@ -3,6 +3,7 @@ Every request must still complete with the exact output (greedy, so it is checka
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -71,7 +72,8 @@ def _wait_replicas(app: str, deployment: str, n: int, timeout_s: float = 180):
 
 
 def _load_with_kill(url, ref, deployment, kill: int, n=24, max_tokens=32):
-    """n concurrent greedy requests; 1 s in, ``kill`` replicas of ``deployment`` are killed. Returns usages."""
+    """n concurrent greedy streamed requests; once every one of them has streamed its first text (all decodes
+    running: an event, not a fixed delay), ``kill`` replicas of ``deployment`` are killed. Returns usages."""
     import ray
 
     _wait_replicas("faults", deployment, 2)
@@ -79,32 +81,58 @@ def _load_with_kill(url, ref, deployment, kill: int, n=24, max_tokens=32):
     assert len(replicas) == 2, replicas
     jobs = [(f"fault test {i}", i) for i in range(n)]
     want = [ref.complete(p, max_tokens=max_tokens, temperature=0.0, seed=i)[0] for p, i in jobs]
+    first, last = [0.0] * n, [0.0] * n
+    lock, started, all_started = threading.Lock(), [0], threading.Event()
 
     def call(job):
-        body = {"model": MODEL, "prompt": job[0], "max_tokens": max_tokens, "temperature": 0.0, "seed": job[1]}
-        return requests.post(url + "/v1/completions", json=body, timeout=180)
+        i = job[1]
+        body = {"model": MODEL, "prompt": job[0], "max_tokens": max_tokens, "temperature": 0.0, "seed": i,
+                "stream": True, "stream_options": {"include_usage": True}}
+        text, usage = [], None
+        with requests.post(url + "/v1/completions", json=body, stream=True, timeout=180) as response:
+            if response.status_code != 200:
+                return response.status_code, response.text, None
+            for line in response.iter_lines():
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                event = json.loads(line[len(b"data: "):])
+                if "error" in event:
+                    return 500, str(event), None
+                if event.get("usage"):
+                    usage = event["usage"]["speculative"]
+                if event["choices"] and event["choices"][0]["text"]:
+                    text.append(event["choices"][0]["text"])
+                    if not first[i]:
+                        first[i] = time.perf_counter()
+                        with lock:
+                            started[0] += 1
+                            if started[0] == n:
+                                all_started.set()
+        last[i] = time.perf_counter()
+        return 200, "".join(text), usage
 
     killed_at: list[float] = []
 
     def killer():
-        time.sleep(1.0)
+        if not all_started.wait(120):
+            return
         for name in replicas[:kill]:
             ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
         killed_at.append(time.perf_counter())
 
     t0 = time.perf_counter()
     thread = threading.Thread(target=killer)
+    thread.start()
     with ThreadPoolExecutor(n) as pool:
-        futures = [pool.submit(call, job) for job in jobs]
-        thread.start()
-        outs = [f.result() for f in futures]
-    done_at = time.perf_counter()
-    thread.join(30)
-    assert killed_at and killed_at[0] < done_at, "the kill must land while requests are in flight"
-    assert [o.status_code for o in outs] == [200] * n, [o.text[:200] for o in outs if o.status_code != 200]
-    assert [o.json()["choices"][0]["text"] for o in outs] == want
-    print(f"{deployment} x{kill} killed at {killed_at[0] - t0:.1f}s; load done at {done_at - t0:.1f}s")
-    return [o.json()["usage"]["speculative"] for o in outs]
+        outs = list(pool.map(call, jobs))
+    thread.join(130)
+    assert [o[0] for o in outs] == [200] * n, [o[1][:200] for o in outs if o[0] != 200]
+    assert killed_at, "every request streamed text, so the kill must have happened"
+    # It landed while decodes were running: at least one had streamed text before it and finished after it.
+    assert any(f <= killed_at[0] < l for f, l in zip(first, last)), (killed_at[0], first, last)
+    assert [o[1] for o in outs] == want
+    print(f"{deployment} x{kill} killed at {killed_at[0] - t0:.1f}s; load done at {max(last) - t0:.1f}s")
+    return [o[2] for o in outs]
 
 
 def test_killed_drafter_replica_under_load(faults_app, ref):

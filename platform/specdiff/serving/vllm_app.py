@@ -1,0 +1,170 @@
+"""The verifier and our feature drafter served by vLLM, through Ray Serve LLM (``ray.serve.llm``): vLLM's continuous
+batching and OpenAI server, Serve's replicas and autoscaling. Needs the vLLM extra (README: "vLLM engine").
+
+    serve run serve_apps.specdiff_vllm:app                                 # the embedded default pair, :8000
+    serve run serve_apps.specdiff_vllm:app gamma=4 speculation_max_batch=8 drafter=/path/to/feature-drafter
+
+Ray Serve LLM runs on CPUs too (Ray 2.60: a placement group of CPU bundles; this builder asks for one when
+``num_gpus`` is 0), so one code path serves a laptop and an A100 pool. The drafter is exported once per drafter
+digest to ``$SPECDIFF_HOME/vllm`` (``specdiff.export_vllm``) and loaded by vLLM as speculative method ``dflash``.
+
+Speculation under load: ``speculation_max_batch`` becomes vLLM's dynamic schedule
+(``num_speculative_tokens_per_batch_size``: γ tokens while the engine's batch holds at most that many requests,
+0 above), so a busy engine stops drafting where speculation stops paying (measure the crossover with
+``jobs/bench_vllm.py --concurrency``).
+
+Which to pick (docs/vllm.md): the split-pool app (``serve_apps.specdiff:app``) for the latency of each request
+(self-selection over K candidates, the adaptive policy, drafter and verifier on their own pools); this one for
+throughput under load (vLLM batches every request's step into one forward; one candidate per round).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from ..models import DEFAULT_VERIFIER, default_verifier_path, resolve_model_path, state_dir
+from .config import DEFAULT_DRAFTER, _Strict
+
+
+class VLLMAppConfig(_Strict):
+    """The builder's ``args`` (``serve run serve_apps.specdiff_vllm:app key=value ...`` or a Serve config YAML)."""
+
+    model_id: str = Field("smollm2-135m-instruct", description="The model name clients send.")
+    verifier: str = Field(DEFAULT_VERIFIER, description="Hugging Face folder of the verifier, or the embedded "
+                          f"default {DEFAULT_VERIFIER!r}.")
+    drafter: str | None = Field(DEFAULT_DRAFTER, description="Feature drafter folder; 'default': the built default "
+                                "drafter ($SPECDIFF_HOME/drafters/default); none: no speculation.")
+    gamma: int = Field(4, ge=1, description="Draft tokens per step (vLLM num_speculative_tokens), at most the "
+                       "drafter's window.")
+    speculation_max_batch: int | None = Field(None, ge=1, description="Speculate while the engine's batch holds at "
+                                              "most this many requests, not above (none: always).")
+    max_num_seqs: int = Field(64, ge=1, description="vLLM: requests batched per step.")
+    max_model_len: int = Field(2048, ge=16, description="vLLM: context length per request.")
+    dtype: str = Field("auto", description="auto (specdiff.dtypes: bf16 on a GPU or a CPU with native bf16, else "
+                       "float32), float32 or bfloat16.")
+    enforce_eager: bool | None = Field(None, description="vLLM: skip compilation (default: on a CPU, where "
+                                       "compiling takes minutes).")
+    num_gpus: float = Field(0, ge=0, description="GPUs per replica (0: a CPU deployment).")
+    num_cpus: float = Field(1, gt=0, description="CPUs per replica (CPU deployment).")
+    accelerator_type: str | None = Field(None, description="GPU type, e.g. 'A100' (GPU deployments only).")
+    min_replicas: int = Field(1, ge=1)
+    max_replicas: int = Field(1, ge=1)
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="More vLLM engine arguments (win).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VLLMAppConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
+        if self.accelerator_type and not self.num_gpus:
+            raise ValueError(f"accelerator_type={self.accelerator_type!r} needs num_gpus > 0")
+        if self.speculation_max_batch is not None and self.drafter is None:
+            raise ValueError("speculation_max_batch needs a drafter")
+        return self
+
+
+def speculative_config(export, gamma: int, max_batch: int | None, max_num_seqs: int) -> dict:
+    """vLLM's ``speculative_config`` for an export: γ tokens, and with ``max_batch`` a dynamic schedule that drafts
+    nothing above that batch size."""
+    config = export.speculative_config(gamma)
+    if max_batch is not None and max_batch < max_num_seqs:
+        config["num_speculative_tokens_per_batch_size"] = [[1, max_batch, gamma], [max_batch + 1, max_num_seqs, 0]]
+    return config
+
+
+def export_for_vllm(drafter_dir: Path, verifier_dir: Path):
+    """The drafter exported for vLLM, once per drafter and verifier folder state (``$SPECDIFF_HOME/vllm/<key>``,
+    published atomically: replicas starting together never read half an export)."""
+    import shutil
+    import tempfile
+
+    from ..export_vllm import EXPORT_META, VllmExport, export_vllm
+
+    target = state_dir() / "vllm" / f"{_digest(drafter_dir)}-{_digest(verifier_dir)}"
+    if not (target / EXPORT_META).is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=".export-", dir=target.parent))
+        export_vllm(drafter_dir, partial, verifier_dir=verifier_dir)
+        try:
+            partial.rename(target)
+        except OSError:  # another replica published it first
+            shutil.rmtree(partial, ignore_errors=True)
+    meta = json.loads((target / EXPORT_META).read_text())["export"]
+    return VllmExport(path=target, num_speculative_tokens=meta["num_speculative_tokens"],
+                      mask_token_id=meta["mask_token_id"], draft_vocab_size=meta["draft_vocab_size"],
+                      target_layer_ids=tuple(meta["target_layer_ids"]))
+
+
+def _digest(folder: Path) -> str:
+    """Names, sizes and modification times of a folder's files: another build is another key."""
+    h = hashlib.sha256(str(folder.resolve()).encode())
+    for f in sorted(folder.iterdir()):
+        if f.is_file():
+            h.update(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def llm_config(cfg: VLLMAppConfig):
+    """The ``ray.serve.llm.LLMConfig`` of the app."""
+    from ray.serve.llm import LLMConfig
+
+    from ..dtypes import dtype_name, resolve_dtype
+
+    verifier_dir = default_verifier_path() if cfg.verifier == DEFAULT_VERIFIER else Path(resolve_model_path(
+        cfg.verifier))
+    gpu = cfg.num_gpus > 0
+    engine = {
+        "dtype": dtype_name(resolve_dtype(cfg.dtype, device="cuda" if gpu else "cpu")),
+        "max_model_len": cfg.max_model_len,
+        "max_num_seqs": cfg.max_num_seqs,
+        "enforce_eager": (not gpu) if cfg.enforce_eager is None else cfg.enforce_eager,
+        "disable_log_stats": False,  # spec-decode counters on the metrics endpoint
+    }
+    if cfg.drafter is not None:
+        drafter_dir = _drafter_dir(cfg.drafter)
+        export = export_for_vllm(drafter_dir, verifier_dir)
+        engine["speculative_config"] = speculative_config(export, cfg.gamma, cfg.speculation_max_batch,
+                                                          cfg.max_num_seqs)
+    engine.update(cfg.engine_kwargs)
+    deployment = {"autoscaling_config": {"min_replicas": cfg.min_replicas, "max_replicas": cfg.max_replicas}}
+    kwargs: dict[str, Any] = {}
+    if gpu:
+        kwargs["accelerator_type"] = cfg.accelerator_type
+    else:  # a CPU deployment: one CPU bundle for the engine (Ray 2.60 infers the CPU backend from it)
+        kwargs["placement_group_config"] = {"bundles": [{"CPU": cfg.num_cpus}]}
+        deployment["ray_actor_options"] = {"num_cpus": 0}
+    return LLMConfig(model_loading_config={"model_id": cfg.model_id, "model_source": str(verifier_dir)},
+                     engine_kwargs=engine, deployment_config=deployment, **kwargs)
+
+
+def _drafter_dir(drafter: str) -> Path:
+    if drafter == DEFAULT_DRAFTER:
+        from .models import default_drafter_dir
+
+        folder = default_drafter_dir()
+        if not folder.is_dir():
+            raise ValueError(f"drafter='default': the default drafter is not built ({str(folder)!r} is missing); "
+                             "build it once with `python jobs/build_drafter.py`, or pass drafter=<folder> or "
+                             "drafter=none")
+        return folder
+    folder = Path(drafter)
+    if not folder.is_dir():
+        raise ValueError(f"drafter must be a feature drafter folder, got {drafter!r} (not a folder)")
+    return folder
+
+
+def build_vllm_app(args: dict[str, Any] | VLLMAppConfig | None = None):
+    """An OpenAI-compatible Serve application (``ray.serve.llm.build_openai_app``) for ``args``."""
+    from ray.serve.llm import build_openai_app
+
+    cfg = args if isinstance(args, VLLMAppConfig) else VLLMAppConfig.model_validate(_none_strings(args or {}))
+    return build_openai_app({"llm_configs": [llm_config(cfg)]})
+
+
+def _none_strings(args: dict[str, Any]) -> dict[str, Any]:
+    """``serve run ... drafter=none`` passes the string 'none'."""
+    return {k: (None if isinstance(v, str) and v.lower() in ("none", "null") else v) for k, v in args.items()}
