@@ -1,0 +1,50 @@
+"""The import ladder (docs/architecture.md): each rung, imported alone in a fresh interpreter, loads nothing from the
+rungs above it or from frameworks it must not need. A module that starts importing Ray, MLflow or the training
+package where it should not fails here, not in a user's replica."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PLATFORM = Path(__file__).resolve().parents[1] / "platform"
+FRAMEWORKS = ["ray", "mlflow", "fastapi", "vllm", "transformers"]
+ABOVE_CORE = ["specdiff.distill", "specdiff.serving", "specdiff.registry", "specdiff.realign"]
+
+LADDER = {
+    # core: pure torch (transformers only when a model is loaded, lazily)
+    "specdiff": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.engine": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.policy": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.feature_drafter": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.export_vllm": FRAMEWORKS + ABOVE_CORE,
+    # adapters: each on its framework, none on another adapter or the lifecycle
+    "specdiff.registry": ["ray", "vllm", "specdiff.distill", "specdiff.serving", "specdiff.realign"],
+    "specdiff.distill.teacher": ["ray", "mlflow", "fastapi", "vllm", "specdiff.serving", "specdiff.registry",
+                                 "specdiff.realign"],
+    "specdiff.distill.evaluate": ["ray", "mlflow", "fastapi", "vllm", "specdiff.serving", "specdiff.registry",
+                                  "specdiff.realign"],
+    "specdiff.serving.servers": ["ray", "mlflow", "vllm", "specdiff.distill", "specdiff.registry",
+                                 "specdiff.realign"],
+    "specdiff.serving.app": ["mlflow", "vllm", "ray.train", "ray.data", "specdiff.distill", "specdiff.registry",
+                             "specdiff.realign"],
+    "specdiff.serving.vllm_app": ["ray", "mlflow", "vllm", "specdiff.distill", "specdiff.registry",
+                                  "specdiff.realign"],
+    # lifecycle: may use the training adapter and the registry, never the serving one
+    "specdiff.realign": ["ray.serve", "vllm", "specdiff.serving"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(LADDER))
+def test_rung_loads_nothing_above_it(module):
+    code = (f"import sys, json; import {module}; "
+            f"print(json.dumps([m for m in {LADDER[module]!r} if m in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(PLATFORM), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == [], f"importing {module} loaded {loaded}"
