@@ -148,3 +148,29 @@ def test_cli_writes_the_export_and_exits_2_on_bad_input(pair, tmp_path):
 def test_export_module_imports_no_vllm():
     code = "import sys, specdiff.export_vllm; assert 'vllm' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_serve_app_exports_once_and_turns_speculation_off_above_its_batch(pair, tmp_path, monkeypatch):
+    """serve_apps.specdiff_vllm's pieces that need no vLLM: the export is written once per drafter/verifier state and
+    read back; speculation_max_batch becomes vLLM's dynamic schedule (γ up to that batch, 0 above); bad args name
+    the field."""
+    from specdiff.serving.vllm_app import VLLMAppConfig, _none_strings, export_for_vllm, speculative_config
+
+    _, _, root = pair
+    monkeypatch.setenv("SPECDIFF_HOME", str(tmp_path))
+    first = export_for_vllm(root / "drafter", root / "verifier")
+    again = export_for_vllm(root / "drafter", root / "verifier")
+    assert first == again and first.path.parent == tmp_path / "vllm" and len(list(first.path.parent.iterdir())) == 1
+    assert (first.path / "model.safetensors").is_file() and first.num_speculative_tokens == 6
+    assert speculative_config(first, 4, None, 64) == {"method": "dflash", "model": str(first.path),
+                                                      "num_speculative_tokens": 4}
+    off = speculative_config(first, 4, 8, 64)
+    assert off["num_speculative_tokens_per_batch_size"] == [[1, 8, 4], [9, 64, 0]]
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an integer in \\[1, 6\\]"):
+        speculative_config(first, 7, None, 64)
+    cfg = VLLMAppConfig.model_validate(_none_strings({"drafter": "none", "gamma": "2", "max_replicas": "3"}))
+    assert cfg.drafter is None and cfg.gamma == 2 and cfg.max_replicas == 3
+    with pytest.raises(ValueError, match="speculation_max_batch needs a drafter"):
+        VLLMAppConfig(drafter=None, speculation_max_batch=4)
+    with pytest.raises(ValueError, match="gamma"):
+        VLLMAppConfig(gamma=0)
