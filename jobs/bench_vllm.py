@@ -9,6 +9,8 @@ chat template, T=0, same max tokens) back to back, so a noisy stretch of the mac
 - ``vllm_plain``: the verifier alone in vLLM;
 - ``vllm_ngram``: vLLM's prompt-lookup speculation (``--gamma`` tokens, n-gram sizes ``--ngram``);
 - ``vllm_ours``: vLLM's ``dflash`` method with our drafter (``--drafter``, exported with ``specdiff.export_vllm``);
+- ``vllm_ours_capped`` (with ``--speculation-max-batch N``): the same, drafting nothing while vLLM's batch holds more
+  than N requests (vLLM's dynamic schedule; the Serve app's ``speculation_max_batch``);
 - ``plain`` and ``specdiff``: our engine in this process (Hugging Face verifier, adaptive γ/K), for reference.
 
 Batch 1 is one request at a time. Then ``--concurrency`` requests at once (the prompts repeated) per vLLM engine:
@@ -36,6 +38,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts-per-domain", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--gamma", type=int, default=4, help="speculative tokens per step for both vLLM methods")
+    p.add_argument("--speculation-max-batch", type=int, default=None, metavar="N",
+                   help="also vllm_ours_capped: our drafter with no drafts while vLLM's batch holds more than N "
+                   "requests (serve_apps.specdiff_vllm's speculation_max_batch)")
     p.add_argument("--ngram", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"),
                    help="n-gram sizes of vLLM's prompt lookup")
     p.add_argument("--concurrency", type=int, default=16, help="requests at once for the throughput rows (0: skip)")
@@ -98,6 +103,10 @@ def main(argv=None) -> int:
                        "prompt_lookup_max": args.ngram[1]},
         "vllm_ours": export.speculative_config(gamma),
     }
+    if args.speculation_max_batch:  # the Serve app's switch-off: vLLM's dynamic schedule, no drafts above N
+        from specdiff.serving.vllm_app import speculative_config
+
+        configs["vllm_ours_capped"] = speculative_config(export, gamma, args.speculation_max_batch, 1 << 16)
     engines, load_s = {}, {}
     for name, spec in configs.items():
         t0 = time.perf_counter()
