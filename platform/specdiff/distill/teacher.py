@@ -236,7 +236,6 @@ class TeacherSampler:
             "sampling": pa.array([json.dumps(asdict(self.sampling), sort_keys=True)] * n),
         })
 
-
     def _sample(self, prompts: list[list[int]]):
         """-> completions [B][N], top-k ids [B][N][k], top-k log p [B][N][k] (lists), and with taps the features
         [P_b + N - 1, F] and prompt targets [P_b] per prompt (else empty / None)."""
