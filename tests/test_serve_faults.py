@@ -137,7 +137,8 @@ def _load_with_kill(url, ref, deployment, kill: int, n=24, max_tokens=32):
 
 def test_killed_drafter_replica_under_load(faults_app, ref):
     # Serve's own router re-routes calls that hit the dead replica to the live one; every request stays exact.
-    _load_with_kill(faults_app, ref, "Drafter", kill=1)
+    # 32 at once: issue 13's target load.
+    _load_with_kill(faults_app, ref, "Drafter", kill=1, n=32)
 
 
 def test_killed_verifier_replica_under_load(faults_app, ref):
