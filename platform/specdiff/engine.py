@@ -156,7 +156,9 @@ def _plain_run(session: VerifierSession, sampling: SamplingParams, base: int, st
                stop_ids) -> list[int]:
     """``n`` plain steps in one call where the session's rounds run elsewhere (a served session: one round trip
     instead of ``n``); each step draws from its own position's stream, so the tokens are those of ``n`` single
-    steps. In process (no such call to save) this is never used: the loop takes single steps."""
+    steps. In process (no such call to save) ``n`` is 1: a single step."""
+    if n == 1:
+        return _plain_step(session, sampling, base, stats)
     pos = R.position(session.tokens)
     t0 = time.perf_counter()
     out = R.rounds_of(session).steps(sampling, [R.round_seed(base, pos + i, R.VERIFY) for i in range(n)],
@@ -327,8 +329,7 @@ class SpeculativeDecoder:
             if self.gate is not None and not self.gate(session):  # speculation is off for now (a busy verifier)
                 runs = runs or _Runs(session)
                 n = runs.take(min(stopper.remaining, room))
-                tokens = (_plain_run(session, sampling, base, stats, n, stopper.stop_ids) if n > 1 else
-                          _plain_step(session, sampling, base, stats))
+                tokens = _plain_run(session, sampling, base, stats, n, stopper.stop_ids)
                 stats.gated_plain_steps += len(tokens)
                 return tokens
             if spec.adaptive and policy is None:
@@ -341,8 +342,7 @@ class SpeculativeDecoder:
                 if window == 0:
                     runs = runs or _Runs(session)
                     n = policy.plain_run(runs.take(min(stopper.remaining, room)))  # served: several in one call
-                    tokens = (_plain_run(session, sampling, base, stats, n, stopper.stop_ids) if n > 1 else
-                              _plain_step(session, sampling, base, stats))
+                    tokens = _plain_run(session, sampling, base, stats, n, stopper.stop_ids)
                     stats.policy_plain_steps += len(tokens)
                     return tokens
                 return _plain_step(session, sampling, base, stats)
@@ -421,9 +421,7 @@ def stream_plain(
         nonlocal runs
         runs = runs or _Runs(session)
         n = runs.take(min(stopper.remaining, room))  # served: several steps in one call
-        if n > 1:
-            return _plain_run(session, sampling, base, stats, n, stopper.stop_ids)
-        return _plain_step(session, sampling, base, stats)
+        return _plain_run(session, sampling, base, stats, n, stopper.stop_ids)
 
     return DecodeStream(_decode_loop(verifier, prompt, stopper, stats, step), stopper, stats)
 
