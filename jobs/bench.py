@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from specdiff import DecodeStats, HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain, load_drafter
+from specdiff import DecodeOptions, DecodeStats, HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain, load_drafter
 from specdiff.dtypes import dtype_name, resolve_dtype_with_reason
 from specdiff.models import DEFAULT_VERIFIER, load_causal_lm, parse_dtype, state_dir
 from specdiff.prompts import chat_prompt_ids, load_prompts
@@ -64,7 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--domains", nargs="+", default=["code", "math", "chat"])
     p.add_argument("--prompts-per-domain", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--gamma", type=int, default=8)
+    p.add_argument("--gamma", type=int, default=SpecConfig().max_gamma,
+                   help="window of the fixed-K rows, and the adaptive rows' largest")
     p.add_argument("--k", nargs="+", type=int, default=[1, 2, 4, 8])
     p.add_argument("--draft-temperatures", nargs="+", type=float, default=[1.0, 1.5, 2.0])
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0], help="verifier temperatures")
@@ -171,11 +172,12 @@ class Runner:
     def run(self, m: Method, prompt: list[int], seed: int) -> tuple[int, float, int, DecodeStats]:
         """(new tokens, seconds, verifier forwards after prefill, stats)."""
         sampling = SamplingParams(temperature=m.temperature)
-        common = dict(max_new_tokens=self.args.max_new_tokens, stop_token_ids=self.stops, seed=seed)
+        options = DecodeOptions(max_new_tokens=self.args.max_new_tokens, sampling=sampling, stop_token_ids=self.stops,
+                                seed=seed)
         self._calls = 0
         t0 = time.perf_counter()
         if m.kind == "plain":
-            r = generate_plain(self.verifier, prompt, sampling=sampling, **common)
+            r = generate_plain(self.verifier, prompt, options)
             tokens, stats = r.tokens, r.stats
         elif m.kind in ("assisted", "hf_plain"):
             assistant = {"assistant_model": self.assistant} if m.kind == "assisted" else {}
@@ -193,7 +195,7 @@ class Runner:
             else:
                 spec = SpecConfig(gamma=self.args.gamma, num_candidates=m.k, draft_temperature=m.draft_temperature,
                                   prompt_lookup=m.lookup)
-            r = self.decoders[m.drafter].generate(prompt, sampling=sampling, spec=spec, **common)
+            r = self.decoders[m.drafter].generate(prompt, options, spec=spec)
             tokens, stats = r.tokens, r.stats
         seconds = time.perf_counter() - t0
         return len(tokens), seconds, max(self._calls - 1, 1), stats

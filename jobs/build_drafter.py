@@ -36,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from specdiff.models import DEFAULT_VERIFIER, state_dir
+from specdiff.publish import publishing
 
 JOBS = Path(__file__).resolve().parent
 CONFIGS = JOBS / "configs"
@@ -193,12 +194,9 @@ def distill(label: str, config: str, work: Path, name: str, extra: list[str]) ->
 
 def publish(src: Path, dst: Path, record: dict) -> Path:
     """Copy a finished drafter into the drafters folder atomically (a crash never leaves half a drafter)."""
-    partial = dst.with_name(dst.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(src, partial)
-    (partial / "build.json").write_text(json.dumps(record, indent=2, sort_keys=True))
-    shutil.rmtree(dst, ignore_errors=True)
-    partial.rename(dst)
+    with publishing(dst, replace=True) as partial:
+        shutil.copytree(src, partial)
+        (partial / "build.json").write_text(json.dumps(record, indent=2, sort_keys=True))
     return dst
 
 

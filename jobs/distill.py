@@ -17,6 +17,7 @@ from pathlib import Path
 # Run from a checkout without installing: the library lives in <repo>/platform.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
+from specdiff import publish  # noqa: E402
 from specdiff.distill import load_config, run  # noqa: E402
 
 
@@ -51,10 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_summary(path: Path, record: dict) -> None:
     """Atomically: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    partial.replace(path)
+    publish.write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

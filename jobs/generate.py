@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from specdiff import (
+    DecodeOptions,
     HFVerifier,
     SamplingParams,
     SpecConfig,
@@ -44,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=int, default=None, help="window: drafted positions per round (default: adaptive)")
     p.add_argument("--k", type=int, default=None, help="candidates per round, self-selection (default: adaptive)")
-    p.add_argument("--draft-temperature", type=float, default=1.5)
+    p.add_argument("--draft-temperature", type=float, default=SpecConfig().draft_temperature)
     p.add_argument("--temperature", type=float, default=0.0, help="verifier sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 (both decoders use it; auto: bfloat16 "
@@ -96,20 +97,21 @@ def main(argv=None) -> int:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
         prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
     stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, stop_token_ids=stops, seed=args.seed)
+    options = DecodeOptions(max_new_tokens=args.max_new_tokens, sampling=sampling, spec=spec, stop_token_ids=stops,
+                            seed=args.seed)
 
     decoder = SpeculativeDecoder(drafter, verifier, decode=tokenizer.decode, costs_cache=state_dir() / "costs",
                                  recalibrate=args.recalibrate)
-    warm = decoder.generate(prompt, **{**common, "max_new_tokens": 4}, spec=spec)  # warm-up: first-call overheads
+    warm = decoder.generate(prompt, options, max_new_tokens=4)  # warm-up: first-call overheads
     if decoder.costs_measured is not None:
         how = (f"measured in {warm.stats.calibration_s:.1f} s and kept" if decoder.costs_measured else
                "kept from an earlier run (--recalibrate measures it again)")
         print(f"cost model: {how} under {decoder.costs_cache}")
     t0 = time.perf_counter()
-    plain = generate_plain(HFVerifier(model), prompt, **common)  # no taps: plain decoding pays for none
+    plain = generate_plain(HFVerifier(model), prompt, options)  # no taps: plain decoding pays for none
     plain_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    result = decoder.generate(prompt, spec=spec, **common)
+    result = decoder.generate(prompt, options)
     spec_s = time.perf_counter() - t0
 
     print("\n" + tokenizer.decode(result.tokens, skip_special_tokens=True) + "\n")

@@ -11,6 +11,7 @@ import pytest
 
 from helpers import tiny_llama
 from specdiff import (
+    DecodeOptions,
     DrafterConfig,
     HFDiffusionDrafter,
     HFVerifier,
@@ -19,6 +20,7 @@ from specdiff import (
     SpeculativeDecoder,
     build_small_drafter,
     find_mask_token_id,
+    generate_plain,
 )
 
 
@@ -43,6 +45,13 @@ def decoder(verifier_model):
         (lambda: SamplingParams(top_k=-3), r"top_k must be an integer >= 0, got -3"),
         (lambda: DrafterConfig(mask_token_id=-1, vocab_size=10), r"mask_token_id must be an integer >= 0, got -1"),
         (lambda: DrafterConfig(mask_token_id=1, vocab_size=10, denoising_steps=0), r"denoising_steps .* got 0"),
+        (lambda: DecodeOptions(max_new_tokens=0), r"max_new_tokens must be an integer >= 1, got 0"),
+        (lambda: DecodeOptions(stop_token_ids=[2, 1.5]), r"stop_token_ids must be a sequence of token ids"),
+        (lambda: DecodeOptions(stop_token_ids="2"), r"stop_token_ids must be a sequence of token ids, got '2'"),
+        (lambda: DecodeOptions(stop_strings="END"), r"stop_strings must be a sequence of non-empty strings"),
+        (lambda: DecodeOptions(stop_strings=["END", ""]), r"stop_strings must be .*, got \['END', ''\]"),
+        (lambda: DecodeOptions(seed=1.0), r"seed must be None or an integer, got 1.0"),
+        (lambda: DecodeOptions(sampling={"temperature": 1}), r"sampling must be a SamplingParams"),
     ],
 )
 def test_config_errors_name_field_and_value(make, pattern):
@@ -104,3 +113,24 @@ def test_stdlib_platform_not_shadowed():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[1] == "specdiff"
+
+
+def test_unknown_decode_option_names_it(decoder):
+    with pytest.raises(TypeError, match=r"unknown decode option\(s\) \['temprature'\]"):
+        decoder.generate([1, 2], max_new_tokens=2, temprature=0.5)
+
+
+def test_decode_options_object_equals_keywords(decoder):
+    """One DecodeOptions object, its fields as keywords, or the object with keyword overrides: the same decode."""
+    sampling, spec = SamplingParams(temperature=1.0), SpecConfig(gamma=3, num_candidates=2)
+    opts = DecodeOptions(max_new_tokens=12, sampling=sampling, spec=spec, stop_token_ids=[63], seed=5)
+    assert opts.stop_token_ids == (63,)
+    by_object = decoder.generate([1, 2, 3], opts).tokens
+    by_keywords = decoder.generate([1, 2, 3], max_new_tokens=12, sampling=sampling, spec=spec, stop_token_ids=[63],
+                                   seed=5).tokens
+    assert by_object == by_keywords and len(by_object) > 0
+    other = DecodeOptions(max_new_tokens=12, sampling=sampling, spec=spec, stop_token_ids=[63], seed=6)
+    assert decoder.generate([1, 2, 3], opts, seed=6).tokens == decoder.generate([1, 2, 3], other).tokens
+    assert generate_plain(decoder.verifier, [1, 2, 3], opts).tokens == \
+        generate_plain(decoder.verifier, [1, 2, 3], **{f: getattr(opts, f) for f in ("max_new_tokens", "sampling",
+                                                                                     "stop_token_ids", "seed")}).tokens

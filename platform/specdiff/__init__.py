@@ -1,7 +1,7 @@
 """SpecDiff-2: speculative decoding with masked-diffusion drafters, self-selection and exact verification."""
 
 from .acceptance import Verdict, greedy_accept, speculative_accept
-from .config import DrafterConfig, SamplingParams, SpecConfig
+from .config import DecodeOptions, DrafterConfig, SamplingParams, SpecConfig
 from .drafter import (
     Drafter,
     DrafterUnavailable,
@@ -23,6 +23,7 @@ from .tree import TokenTree, build_tree
 from .verifier import HFVerifier, Verifier, VerifierSession
 
 __all__ = [
+    "DecodeOptions",
     "DecodeStats",
     "DecodeStream",
     "Drafter",

@@ -7,8 +7,9 @@ HTTP request surfaces as ``gamma must be >= 1, got 0`` rather than as a shape er
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+import operator
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, Mapping
 
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:
@@ -116,6 +117,58 @@ class SpecConfig:
     def adaptive(self) -> bool:
         """True when the policy chooses gamma and/or K (either left at None)."""
         return self.gamma is None or self.num_candidates is None
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """One decode request, in one object: how many tokens, how the verifier samples, the speculative round (ignored
+    by plain decoding), where to stop, and the seed.
+
+    Every entry point takes it (``SpeculativeDecoder.generate`` / ``stream``, ``generate_plain`` / ``stream_plain``)
+    as ``options``, and its fields as keywords, which override the object's (``DecodeOptions.merge``):
+
+    >>> opts = DecodeOptions(max_new_tokens=64, sampling=SamplingParams(temperature=0.7), seed=0)
+    >>> decoder.generate(prompt, opts)                    # same as decoder.generate(prompt, max_new_tokens=64, ...)
+    >>> generate_plain(verifier, prompt, opts, seed=1)    # the same request with another seed
+    """
+
+    max_new_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    seed: int | None = None  # None: drawn from the OS (unless the caller hands in a torch.Generator)
+
+    def __post_init__(self) -> None:
+        _check(_is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens,
+               "an integer >= 1")
+        _check(isinstance(self.sampling, SamplingParams), "sampling", self.sampling, "a SamplingParams")
+        _check(isinstance(self.spec, SpecConfig), "spec", self.spec, "a SpecConfig")
+        _check(self.seed is None or _is_int(self.seed), "seed", self.seed, "None or an integer")
+        _check(not isinstance(self.stop_token_ids, (str, bytes)), "stop_token_ids", self.stop_token_ids,
+               "a sequence of token ids")
+        try:
+            ids = tuple(operator.index(t) for t in self.stop_token_ids)  # ints (numpy / torch integers too)
+        except TypeError:
+            raise ValueError(f"stop_token_ids must be a sequence of token ids, got {self.stop_token_ids!r}") from None
+        _check(not isinstance(self.stop_strings, (str, bytes)) and all(isinstance(t, str) and t for t in
+               self.stop_strings), "stop_strings", self.stop_strings, "a sequence of non-empty strings")
+        object.__setattr__(self, "stop_token_ids", ids)  # frozen: lists in, tuples kept
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+
+    @classmethod
+    def merge(cls, options: DecodeOptions | None = None, overrides: Mapping[str, Any] | None = None) -> DecodeOptions:
+        """``options`` (or the defaults) with ``overrides`` (field name -> value) applied; an unknown name is a
+        TypeError naming it."""
+        base = options if options is not None else cls()
+        if not isinstance(base, cls):
+            raise TypeError(f"options must be a DecodeOptions, got {type(base).__name__}")
+        if not overrides:
+            return base
+        unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"unknown decode option(s) {unknown}; DecodeOptions has {[f.name for f in fields(cls)]}")
+        return replace(base, **overrides)
 
 
 @dataclass(frozen=True)

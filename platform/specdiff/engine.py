@@ -20,12 +20,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from . import rounds as R
-from .config import SamplingParams, SpecConfig
+from .config import DecodeOptions, SamplingParams, SpecConfig
 from .drafter import Drafter, DrafterUnavailable
 from .policy import SpeculationCosts, SpeculationPolicy, cached_calibrate
 from .stats import DecodeStats
@@ -54,16 +54,12 @@ def make_generator(seed: int | None = None, generator: torch.Generator | None = 
 class _Stopper:
     """Truncates emitted tokens at max_new_tokens, the first stop token, or the end of the first stop string."""
 
-    def __init__(self, max_new_tokens, stop_token_ids, stop_strings, decode):
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if stop_strings and decode is None:
-            raise ValueError(f"stop_strings={list(stop_strings)!r} need a tokenizer to decode; none was given")
-        if any(not s for s in stop_strings):
-            raise ValueError(f"stop_strings must be non-empty strings, got {list(stop_strings)!r}")
-        self.max_new_tokens = max_new_tokens
-        self.stop_ids = frozenset(int(t) for t in stop_token_ids)
-        self.stop_strings = tuple(stop_strings)
+    def __init__(self, options: DecodeOptions, decode: Callable[[list[int]], str] | None):
+        if options.stop_strings and decode is None:
+            raise ValueError(f"stop_strings={list(options.stop_strings)!r} need a tokenizer to decode; none was given")
+        self.max_new_tokens = options.max_new_tokens
+        self.stop_ids = frozenset(options.stop_token_ids)
+        self.stop_strings = options.stop_strings
         self.decode = decode
         self.out: list[int] = []
         self.finish_reason: str | None = None
@@ -276,46 +272,20 @@ class SpeculativeDecoder:
         features = session.features if self._features else None
         return self.drafter.draft(session.tokens, spec, seed, features)
 
-    def generate(
-        self,
-        prompt: Sequence[int],
-        *,
-        max_new_tokens: int = 128,
-        sampling: SamplingParams = SamplingParams(),
-        spec: SpecConfig = SpecConfig(),
-        stop_token_ids: Sequence[int] = (),
-        stop_strings: Sequence[str] = (),
-        seed: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> GenerationResult:
-        return self.stream(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            spec=spec,
-            stop_token_ids=stop_token_ids,
-            stop_strings=stop_strings,
-            seed=seed,
-            generator=generator,
-        ).run()
+    def generate(self, prompt: Sequence[int], options: DecodeOptions | None = None, *,
+                 generator: torch.Generator | None = None, **fields: Any) -> GenerationResult:
+        """Decode to the end: ``options`` (``DecodeOptions``), its fields as keywords overriding it; ``generator``
+        (a torch.Generator) instead of ``seed``."""
+        return self.stream(prompt, options, generator=generator, **fields).run()
 
-    def stream(
-        self,
-        prompt: Sequence[int],
-        *,
-        max_new_tokens: int = 128,
-        sampling: SamplingParams = SamplingParams(),
-        spec: SpecConfig = SpecConfig(),
-        stop_token_ids: Sequence[int] = (),
-        stop_strings: Sequence[str] = (),
-        seed: int | None = None,
-        generator: torch.Generator | None = None,
-        stats: DecodeStats | None = None,
-    ) -> DecodeStream:
+    def stream(self, prompt: Sequence[int], options: DecodeOptions | None = None, *,
+               generator: torch.Generator | None = None, stats: DecodeStats | None = None,
+               **fields: Any) -> DecodeStream:
         """Iterate the tokens emitted by each round; ``stats`` (if given) is updated as rounds complete."""
-        stopper = _Stopper(max_new_tokens, stop_token_ids, stop_strings, self.decode)
+        opts = DecodeOptions.merge(options, fields)
+        stopper = _Stopper(opts, self.decode)
         stats = stats if stats is not None else DecodeStats()
-        rounds = self._rounds(prompt, stopper, sampling, spec, make_generator(seed, generator), stats)
+        rounds = self._rounds(prompt, stopper, opts.sampling, opts.spec, make_generator(opts.seed, generator), stats)
         return DecodeStream(rounds, stopper, stats)
 
     def _rounds(self, prompt, stopper: _Stopper, sampling, spec: SpecConfig, gen, stats: DecodeStats):
@@ -396,24 +366,17 @@ class SpeculativeDecoder:
         return out.tokens, (draft, looked_up, out)
 
 
-def stream_plain(
-    verifier: Verifier,
-    prompt: Sequence[int],
-    *,
-    max_new_tokens: int = 128,
-    sampling: SamplingParams = SamplingParams(),
-    stop_token_ids: Sequence[int] = (),
-    stop_strings: Sequence[str] = (),
-    decode: Callable[[list[int]], str] | None = None,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
-    stats: DecodeStats | None = None,
-) -> DecodeStream:
+def stream_plain(verifier: Verifier, prompt: Sequence[int], options: DecodeOptions | None = None, *,
+                 decode: Callable[[list[int]], str] | None = None, generator: torch.Generator | None = None,
+                 stats: DecodeStats | None = None, **fields: Any) -> DecodeStream:
     """Verifier-only decoding with the same KV cache and sampling, one token per step: the reference and the
-    fallback."""
-    stopper = _Stopper(max_new_tokens, stop_token_ids, stop_strings, decode)
+    fallback. ``options`` as for ``SpeculativeDecoder.stream`` (its ``spec`` is ignored); ``decode`` (token ids ->
+    text) is needed only for stop strings."""
+    opts = DecodeOptions.merge(options, fields)
+    stopper = _Stopper(opts, decode)
     stats = stats if stats is not None else DecodeStats()
-    base = R.draw_base_seed(make_generator(seed, generator))
+    sampling = opts.sampling
+    base = R.draw_base_seed(make_generator(opts.seed, generator))
 
     runs: _Runs | None = None
 
@@ -426,27 +389,8 @@ def stream_plain(
     return DecodeStream(_decode_loop(verifier, prompt, stopper, stats, step), stopper, stats)
 
 
-def generate_plain(
-    verifier: Verifier,
-    prompt: Sequence[int],
-    *,
-    max_new_tokens: int = 128,
-    sampling: SamplingParams = SamplingParams(),
-    stop_token_ids: Sequence[int] = (),
-    stop_strings: Sequence[str] = (),
-    decode: Callable[[list[int]], str] | None = None,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
-) -> GenerationResult:
+def generate_plain(verifier: Verifier, prompt: Sequence[int], options: DecodeOptions | None = None, *,
+                   decode: Callable[[list[int]], str] | None = None, generator: torch.Generator | None = None,
+                   **fields: Any) -> GenerationResult:
     """Verifier-only decoding to completion (see ``stream_plain``)."""
-    return stream_plain(
-        verifier,
-        prompt,
-        max_new_tokens=max_new_tokens,
-        sampling=sampling,
-        stop_token_ids=stop_token_ids,
-        stop_strings=stop_strings,
-        decode=decode,
-        seed=seed,
-        generator=generator,
-    ).run()
+    return stream_plain(verifier, prompt, options, decode=decode, generator=generator, **fields).run()

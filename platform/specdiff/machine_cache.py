@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -20,6 +19,7 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from .dtypes import cpuinfo_value
+from .publish import write_text
 
 T = TypeVar("T")
 
@@ -77,18 +77,10 @@ def write_json(path: Path | None, value: dict) -> bool:
     cannot be written (the caller measures again next time)."""
     if path is None:
         return False
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(value))
-        tmp.replace(path)
+        write_text(path, json.dumps(value))
         return True
     except OSError:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
         return False
 
 

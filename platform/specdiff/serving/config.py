@@ -25,7 +25,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
+from ..config import SpecConfig
 from ..models import DEFAULT_VERIFIER
+
+_SPEC = SpecConfig()  # the library's defaults for γ, K and the draft temperature: one source
 
 DEMO = "demo"
 DEFAULT_DRAFTER = "default"  # the embedded default pair's drafter (specdiff.serving.models.resolve_default)
@@ -221,14 +224,14 @@ class RouterOptions(PoolOptions):
                               "adaptive policy (specdiff.policy), up to adaptive_max_gamma.")
     num_candidates: int | None = Field(None, ge=1, description="Default K; None: adaptive, up to "
                                        "adaptive_max_candidates.")
-    adaptive_max_gamma: int = Field(8, ge=1, description="Largest γ the adaptive policy tries.")
-    adaptive_max_candidates: int = Field(4, ge=1, description="Largest K the adaptive policy tries.")
+    adaptive_max_gamma: int = Field(_SPEC.max_gamma, ge=1, description="Largest γ the adaptive policy tries.")
+    adaptive_max_candidates: int = Field(_SPEC.max_candidates, ge=1, description="Largest K the adaptive policy tries.")
     speculation_max_load: int | None = Field(
         None, ge=1, description="Speculate only while the session's verifier replica decodes at most this many "
         "sessions; busier, decodes take plain steps (several to a call) until the load drops. None: always "
         "speculate. Measure the crossover with jobs/loadtest.py. Requests that name gamma or num_candidates are "
         "not gated.")
-    draft_temperature: float = Field(1.5, ge=0, description="Default draft temperature.")
+    draft_temperature: float = Field(_SPEC.draft_temperature, ge=0, description="Default draft temperature.")
     decode_threads: int = Field(256, ge=1, description="Threads that run decode loops (each blocks on handles).")
 
 

@@ -18,7 +18,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator
 
-from ..config import SamplingParams, SpecConfig
+from ..config import DecodeOptions, SamplingParams, SpecConfig
 from ..engine import DecodeStream, SpeculativeDecoder, stream_plain
 from ..policy import SpeculationCosts
 from ..stats import DecodeStats
@@ -193,20 +193,16 @@ class OpenAIRouter:
             metrics=self.metrics,
             tap_layers=info.get("tap_layers"),
         )
-        options = dict(
-            max_new_tokens=max_tokens,
-            sampling=sampling,
-            stop_token_ids=stop_token_ids(self.tokenizer, chat),
-            stop_strings=req.stop_strings,
-            seed=req.seed,
-        )
+        options = DecodeOptions(max_new_tokens=max_tokens, sampling=sampling, spec=spec or SpecConfig(),
+                                stop_token_ids=stop_token_ids(self.tokenizer, chat), stop_strings=req.stop_strings,
+                                seed=req.seed)
         if spec is not None:
             # An adaptive decode takes the router's cost model, measured through the replicas by the first one.
             decoder = SpeculativeDecoder(self._drafter, verifier, decode=self._decode, costs=self.costs,
                                          gate=self._gate(req))
-            stream = decoder.stream(prompt_ids, spec=spec, **options)
+            stream = decoder.stream(prompt_ids, options)
         else:
-            decoder, stream = None, stream_plain(verifier, prompt_ids, decode=self._decode, **options)
+            decoder, stream = None, stream_plain(verifier, prompt_ids, options, decode=self._decode)
         run = _Run(self, stream, verifier, req, prompt_ids, chat, decoder)
         if req.stream:
             return run.sse()

@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from ..models import DEFAULT_VERIFIER, default_verifier_path, resolve_model_path, state_dir
+from ..publish import publishing
 from .config import DEFAULT_DRAFTER, _Strict
 
 
@@ -79,20 +80,12 @@ def speculative_config(export, gamma: int, max_batch: int | None, max_num_seqs: 
 def export_for_vllm(drafter_dir: Path, verifier_dir: Path):
     """The drafter exported for vLLM, once per drafter and verifier folder state (``$SPECDIFF_HOME/vllm/<key>``,
     published atomically: replicas starting together never read half an export)."""
-    import shutil
-    import tempfile
-
     from ..export_vllm import EXPORT_META, VllmExport, export_vllm
 
     target = state_dir() / "vllm" / f"{_digest(drafter_dir)}-{_digest(verifier_dir)}"
     if not (target / EXPORT_META).is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=".export-", dir=target.parent))
-        export_vllm(drafter_dir, partial, verifier_dir=verifier_dir)
-        try:
-            partial.rename(target)
-        except OSError:  # another replica published it first
-            shutil.rmtree(partial, ignore_errors=True)
+        with publishing(target) as partial:  # where another replica published it first, its copy stays
+            export_vllm(drafter_dir, partial, verifier_dir=verifier_dir)
     meta = json.loads((target / EXPORT_META).read_text())["export"]
     return VllmExport(path=target, num_speculative_tokens=meta["num_speculative_tokens"],
                       mask_token_id=meta["mask_token_id"], draft_vocab_size=meta["draft_vocab_size"],

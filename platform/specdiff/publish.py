@@ -1,0 +1,67 @@
+"""Atomic publication of files and folders: written aside, then renamed into place, so a reader (another replica,
+a later run, a crashed run's successor) never sees half of one.
+
+Every writer of a shared state path uses these two: the converted default verifier, registry downloads, the vLLM
+export, teacher trajectories, the built drafter, stage summaries and the machine cache.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+
+def _aside(target: Path, tag: str) -> Path:
+    """A unique sibling name (same filesystem, so the rename is atomic), hidden from folder listings."""
+    return target.with_name(f".{target.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+@contextmanager
+def publishing(target: str | Path, *, replace: bool = False) -> Iterator[Path]:
+    """Yield a fresh path beside ``target`` (not created: make it a folder or a file); when the block ends without
+    an exception, rename it to ``target``. An exception leaves ``target`` as it was and removes the partial copy.
+
+    ``replace=False``: where ``target`` already exists as a folder when the block ends (another process published
+    the same thing first), the new copy is dropped and the existing one kept. ``replace=True``: the new copy
+    replaces it (a file by the rename itself; an old folder is renamed aside first and then deleted, so ``target``
+    is missing only between two renames).
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = _aside(target, "partial")
+    try:
+        yield partial
+        if not partial.exists():
+            raise FileNotFoundError(f"nothing was written to {partial} for {target}")
+        old = None
+        if replace and target.is_dir() and not target.is_symlink():  # a file is replaced by the rename itself
+            old = _aside(target, "old")
+            target.rename(old)
+        try:
+            partial.rename(target)
+        except OSError:
+            if not target.exists():
+                raise
+            # replace=False: another process won the race; its copy is the same thing
+        if old is not None:
+            _remove(old)
+    finally:
+        _remove(partial)
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write a text file atomically (any existing file is replaced)."""
+    with publishing(path, replace=True) as partial:
+        partial.write_text(text)
+    return Path(path)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

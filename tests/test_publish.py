@@ -1,0 +1,84 @@
+"""specdiff.publish: a reader sees a whole file or folder or none, never half of one."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from specdiff.publish import publishing, write_text
+
+
+def _leftovers(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def test_folder_appears_whole(tmp_path):
+    target = tmp_path / "a" / "model"
+    with publishing(target) as partial:
+        partial.mkdir()
+        (partial / "w.bin").write_bytes(b"x" * 10)
+        assert not target.exists()  # nothing visible until the block ends
+    assert (target / "w.bin").read_bytes() == b"x" * 10
+    assert _leftovers(target.parent) == []
+
+
+def test_failure_leaves_nothing(tmp_path):
+    target = tmp_path / "model"
+    with pytest.raises(RuntimeError, match="crash"):
+        with publishing(target) as partial:
+            partial.mkdir()
+            (partial / "half").write_text("...")
+            raise RuntimeError("crash")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_nothing_written_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing was written"):
+        with publishing(tmp_path / "model"):
+            pass
+
+
+def test_first_copy_wins_unless_replacing(tmp_path):
+    target = tmp_path / "export"
+    target.mkdir()
+    (target / "v").write_text("first")
+    with publishing(target) as partial:
+        partial.mkdir()
+        (partial / "v").write_text("second")
+    assert (target / "v").read_text() == "first" and _leftovers(tmp_path) == []
+    with publishing(target, replace=True) as partial:
+        partial.mkdir()
+        (partial / "v").write_text("third")
+    assert (target / "v").read_text() == "third" and _leftovers(tmp_path) == []
+
+
+def test_write_text_replaces(tmp_path):
+    path = tmp_path / "s" / "summary.json"
+    write_text(path, "{}")
+    write_text(path, '{"a": 1}')
+    assert path.read_text() == '{"a": 1}' and _leftovers(path.parent) == []
+
+
+def test_racing_writers_leave_one_whole_copy(tmp_path):
+    target = tmp_path / "download"
+    errors = []
+
+    def writer(i):
+        try:
+            with publishing(target) as partial:
+                partial.mkdir()
+                for j in range(20):
+                    (partial / f"{j}").write_text(str(i))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    values = {(target / f"{j}").read_text() for j in range(20)}
+    assert len(values) == 1  # one writer's whole copy, not a mix
+    assert _leftovers(tmp_path) == []
