@@ -47,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eager", action="store_true", help="vLLM without compilation (loads in ~1 min instead of "
                    "~2.5 on 2 cores; decodes slower)")
     p.add_argument("--no-ours", action="store_true", help="skip our engine's rows")
+    p.add_argument("--outputs", action="store_true", help="also write every method's token ids to the JSON report "
+                   "(key 'outputs': method -> one list per prompt)")
     p.add_argument("--kv-cache-gb", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE per engine (CPU build)")
     p.add_argument("--out", default="bench-vllm")
     return p.parse_args(argv)
@@ -170,6 +172,8 @@ def main(argv=None) -> int:
             print(f"[bench_vllm] {name}: {args.concurrency} at once, {throughput[name]:.1f} tok/s", flush=True)
 
     report = build_report(args, rows, outputs, counted, throughput, load_s, gamma, prompts)
+    if args.outputs:
+        report["outputs"] = outputs
     (out / "bench_vllm.json").write_text(json.dumps(report, indent=1))
     (out / "bench_vllm.md").write_text(report_markdown(report))
     print(report_markdown(report))

@@ -8,46 +8,36 @@ lets the coins choose the candidate and must fail the same test.
 
 from __future__ import annotations
 
-import itertools
+import multiprocessing
+import os
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
-import torch
 from scipy.stats import chisquare
 
-from helpers import FixedDrafter, full_logprobs, tiny_llama
-from specdiff import HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, build_tree, greedy_accept
-from specdiff.feature_drafter import build_feature_drafter
+import lossless_cases as cases
+from helpers import full_logprobs
+from lossless_cases import PROMPT, V
+from specdiff import SamplingParams, SpecConfig
 from specdiff.sampling import target_probs
-from specdiff.selection import sample_candidates
 
-V = 8
-PROMPT = [1, 2, 3]
 RUNS = 6000
 PASS_P = 1e-3  # seeds are fixed, so each case passes or fails deterministically
+WORKERS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="module")
+def pool():
+    """Worker processes (spawned: fresh interpreters, no forked thread pools) that run the seeded decodes."""
+    with ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=cases.init_worker) as executor:
+        yield executor
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llama(V, seed=1, init_std=0.3, layers=1)
-
-
-@pytest.fixture(scope="module")
-def drafter():
-    # Peaked on tokens the verifier does not favour: acceptance is partial, so the selection rule matters.
-    g = torch.Generator().manual_seed(7)
-    logits = torch.randn(4, V, generator=g) * 2.0
-    return FixedDrafter(logits.softmax(-1))
-
-
-@pytest.fixture(scope="module")
-def feature_drafter(model):
-    # Conditioned on the verifier's hidden states (random weights: it disagrees with the verifier).
-    return build_feature_drafter(model, num_layers=1, seed=3, init_from_verifier=False)
-
-
-def verifier_for(model, drafter) -> HFVerifier:
-    return HFVerifier(model, tap_layers=getattr(drafter, "tap_layers", None))
+    return cases.model()
 
 
 def exact_joint(model, sampling: SamplingParams) -> dict[tuple[int, int], float]:
@@ -77,27 +67,15 @@ def chi_square_p(counts: Counter, joint: dict, runs: int) -> float:
     return float(chisquare(observed, [e * scale for e in expected]).pvalue)
 
 
-def empirical(generate, runs: int = RUNS) -> Counter:
-    return Counter(tuple(generate(seed)[:2]) for seed in range(runs))
-
-
-def biased_generate(model, drafter, sampling, spec, seed) -> list[int]:
-    """The known-wrong rule: run greedy acceptance (with coins) on every candidate, keep the longest."""
-    gen = torch.Generator().manual_seed(seed)
-    session = verifier_for(model, drafter).start(PROMPT)
-    if getattr(drafter, "needs_features", False):
-        marginals = drafter.propose(session.tokens, spec.gamma, session.features)
-    else:
-        marginals = drafter.propose(session.tokens, spec.gamma)
-    candidates, _ = sample_candidates(marginals, spec.num_candidates, spec.draft_temperature, gen)
-    tree = build_tree(session.tokens[-1], candidates)
-    probs = target_probs(session.score(tree), sampling)
-    verdicts = []
-    for row in range(tree.candidates.shape[0]):
-        path_probs = probs[torch.cat([torch.zeros(1, dtype=torch.long), tree.paths[row]])]
-        verdicts.append(greedy_accept(tree.candidates[row], path_probs, gen))
-    best = max(range(len(verdicts)), key=lambda r: verdicts[r].num_accepted)
-    return verdicts[best].emitted(tree.candidates[best].tolist())
+def empirical(pool, rule: str, kind: str, sampling: SamplingParams, spec: SpecConfig, runs: int = RUNS) -> Counter:
+    """Counts of the first two tokens over seeds 0..runs-1, the seeds split over the pool's processes."""
+    step = -(-runs // (2 * WORKERS))
+    futures = [pool.submit(cases.count, rule, kind, sampling, spec, range(a, min(a + step, runs)))
+               for a in range(0, runs, step)]
+    total = Counter()
+    for f in futures:
+        total.update(f.result())
+    return total
 
 
 CASES = [
@@ -110,53 +88,44 @@ CASES = [
 
 
 @pytest.mark.parametrize("temperature,k,acceptance", CASES)
-def test_output_follows_verifier_distribution(model, drafter, temperature, k, acceptance):
+def test_output_follows_verifier_distribution(pool, model, temperature, k, acceptance):
     sampling = SamplingParams(temperature=temperature)
     spec = SpecConfig(gamma=2, num_candidates=k, draft_temperature=1.5, acceptance=acceptance)
-    decoder = SpeculativeDecoder(drafter, HFVerifier(model))
-    counts = empirical(
-        lambda seed: decoder.generate(PROMPT, max_new_tokens=3, sampling=sampling, spec=spec, seed=seed).tokens
-    )
+    counts = empirical(pool, "engine", "fixed", sampling, spec)
     p = chi_square_p(counts, exact_joint(model, sampling), RUNS)
     assert p > PASS_P, f"T={temperature} K={k} {acceptance}: chi-square p={p:.2e}"
 
 
-def test_top_p_top_k_follow_verifier_distribution(model, drafter):
+def test_top_p_top_k_follow_verifier_distribution(pool, model):
     sampling = SamplingParams(temperature=1.0, top_p=0.9, top_k=5)
     spec = SpecConfig(gamma=2, num_candidates=4)
-    decoder = SpeculativeDecoder(drafter, HFVerifier(model))
-    counts = empirical(
-        lambda seed: decoder.generate(PROMPT, max_new_tokens=3, sampling=sampling, spec=spec, seed=seed).tokens
-    )
+    counts = empirical(pool, "engine", "fixed", sampling, spec)
     joint = exact_joint(model, sampling)
     assert sum(c for cell, c in counts.items() if joint.get(cell, 0) == 0) == 0, "emitted a filtered-out token"
     assert chi_square_p(counts, joint, RUNS) > PASS_P
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
-def test_biased_keep_longest_rule_fails(model, drafter, temperature):
+def test_biased_keep_longest_rule_fails(pool, model, temperature):
     sampling = SamplingParams(temperature=temperature)
     spec = SpecConfig(gamma=2, num_candidates=8, draft_temperature=1.5)
-    counts = empirical(lambda seed: biased_generate(model, drafter, sampling, spec, seed))
+    counts = empirical(pool, "biased", "fixed", sampling, spec)
     p = chi_square_p(counts, exact_joint(model, sampling), RUNS)
     assert p < 1e-6, f"the biased rule should be detected, got chi-square p={p:.2e}"
 
 
 @pytest.mark.parametrize("temperature,k", [(0.7, 4)])
-def test_feature_drafter_output_follows_verifier_distribution(model, feature_drafter, temperature, k):
+def test_feature_drafter_output_follows_verifier_distribution(pool, model, temperature, k):
     sampling = SamplingParams(temperature=temperature)
     spec = SpecConfig(gamma=2, num_candidates=k, draft_temperature=1.5)
-    decoder = SpeculativeDecoder(feature_drafter, verifier_for(model, feature_drafter))
-    counts = empirical(
-        lambda seed: decoder.generate(PROMPT, max_new_tokens=3, sampling=sampling, spec=spec, seed=seed).tokens
-    )
+    counts = empirical(pool, "engine", "feature", sampling, spec)
     p = chi_square_p(counts, exact_joint(model, sampling), RUNS)
     assert p > PASS_P, f"feature drafter T={temperature} K={k}: chi-square p={p:.2e}"
 
 
-def test_feature_drafter_biased_keep_longest_rule_fails(model, feature_drafter):
+def test_feature_drafter_biased_keep_longest_rule_fails(pool, model):
     sampling = SamplingParams(temperature=1.0)
     spec = SpecConfig(gamma=2, num_candidates=8, draft_temperature=1.5)
-    counts = empirical(lambda seed: biased_generate(model, feature_drafter, sampling, spec, seed))
+    counts = empirical(pool, "biased", "feature", sampling, spec)
     p = chi_square_p(counts, exact_joint(model, sampling), RUNS)
     assert p < 1e-6, f"the biased rule should be detected with the feature drafter, got chi-square p={p:.2e}"

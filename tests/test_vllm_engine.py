@@ -2,13 +2,16 @@
 
 Runs in the vLLM virtualenv (README: "vLLM engine (optional)"; CI: ``python -m pytest -m vllm`` there, with
 SPECDIFF_REQUIRE_VLLM=1 so a missing vLLM fails instead of skipping). The main virtualenv skips it: vLLM is not
-installed there. One module fixture loads vLLM twice (plain, then with the exported drafter), about a minute each
-on 2 cores with ``enforce_eager`` (no compilation).
+installed there. One module fixture trains a drafter on the prompts' greedy continuations, exports it and runs
+``jobs/bench_vllm.py`` once on those prompts: three vLLM engines side by side (plain, n-gram, our drafter; about a
+minute each to load on 2 cores with ``enforce_eager``) and our engine; every test reads that one run.
 """
 
-import gc
+import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,36 +23,17 @@ else:
 
 from vllm_helpers import overfit_feature_drafter  # noqa: E402
 
-from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder  # noqa: E402
-from specdiff.export_vllm import export_vllm  # noqa: E402
+from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder, generate_plain  # noqa: E402
 from specdiff.feature_drafter import save_feature_drafter  # noqa: E402
 from specdiff.models import default_verifier_path, load_causal_lm  # noqa: E402
 from specdiff.prompts import chat_prompt_ids, load_prompts  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]  # the fixture (two vLLM loads) counts here
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]  # the fixture (three vLLM loads) counts here
 
 GAMMA = 4
 MAX_TOKENS = 24
-
-
-def vllm_greedy(verifier_dir, prompts, speculative_config=None):
-    """T=0 outputs of one vLLM engine (loaded, used, shut down) and its spec-decode counters."""
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    llm = LLM(model=str(verifier_dir), dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
-              disable_log_stats=False, speculative_config=speculative_config)
-    try:
-        results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                               SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
-        metrics = {}
-        for m in llm.get_metrics():
-            if m.name.startswith("vllm:spec_decode"):
-                metrics[m.name] = getattr(m, "values", None) or getattr(m, "value", None)
-        return [list(r.outputs[0].token_ids) for r in results], metrics
-    finally:
-        del llm
-        gc.collect()
+DOMAINS = ("math", "code")
+PER_DOMAIN = 2
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +45,18 @@ def runs(tmp_path_factory):
     try:
         verifier_dir = default_verifier_path()
         model, tokenizer = load_causal_lm(str(verifier_dir), "float32")
-        prompts = [chat_prompt_ids(tokenizer, p) for d in ("math", "code") for p in load_prompts(d, "eval", 2)]
-        plain, _ = vllm_greedy(verifier_dir, prompts)
-        clock["vllm plain"] = time.perf_counter()
+        # The bench's prompts (evaluation splits, chat template), in its order.
+        prompts = [chat_prompt_ids(tokenizer, p) for d in DOMAINS for p in load_prompts(d, "eval", PER_DOMAIN)]
+        # max_new_tokens with no stop token: the bench's vLLM engines may stop at EOS, which none of these reach.
+        plain = [generate_plain(HFVerifier(model), p, max_new_tokens=MAX_TOKENS).tokens for p in prompts]
+        clock["HF greedy"] = time.perf_counter()
 
-        # A drafter that learnt these continuations (seconds), exported for vLLM with a real draft vocabulary.
+        # A drafter that learnt these continuations (seconds), with a real draft vocabulary.
         drafter = overfit_feature_drafter(model, [p + o for p, o in zip(prompts, plain)], [len(p) for p in prompts],
                                           gamma=GAMMA, steps=120)
         root = tmp_path_factory.mktemp("vllm")
         save_feature_drafter(drafter, root / "drafter")
-        export = export_vllm(root / "drafter", root / "export", verifier_dir=verifier_dir)
-        clock["drafter trained + exported"] = time.perf_counter()
+        clock["drafter trained"] = time.perf_counter()
 
         # Our engine with the same drafter, window and prompts (K=1: the argmax draft, as vLLM drafts; no prompt
         # lookup candidate, which vLLM's dflash method does not have: with it ours accepted 33 against vLLM's 9).
@@ -79,28 +64,35 @@ def runs(tmp_path_factory):
         k1 = SpecConfig(gamma=GAMMA, num_candidates=1, prompt_lookup=False)
         ours = [decoder.generate(p, max_new_tokens=MAX_TOKENS, spec=k1, seed=0) for p in prompts]
         clock["our engine"] = time.perf_counter()
-
-        spec, metrics = vllm_greedy(verifier_dir, prompts, export.speculative_config(GAMMA))
-        clock["vllm + drafter"] = time.perf_counter()
     finally:
         torch.set_num_threads(threads)
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "jobs"))
+    import bench_vllm
+
+    out = root / "bench"
+    rc = bench_vllm.main(["--drafter", str(root / "drafter"), "--eager", "--domains", *DOMAINS,
+                          "--prompts-per-domain", str(PER_DOMAIN), "--max-new-tokens", str(MAX_TOKENS),
+                          "--gamma", str(GAMMA), "--concurrency", "2", "--outputs", "--out", str(out)])
+    clock["bench_vllm (3 engines)"] = time.perf_counter()
     marks = list(clock.items())
     print("stage seconds:", {k: round(t - t0, 1) for (_, t0), (k, t) in zip(marks, marks[1:])})
-    return {"plain": plain, "spec": spec, "metrics": metrics, "ours": ours, "export": export,
-            "drafter_dir": root / "drafter", "prompts": prompts}
+    report = json.loads((out / "bench_vllm.json").read_text())
+    return {"rc": rc, "report": report, "out": out, "plain": plain, "ours": ours}
 
 
 def test_speculative_output_equals_plain_decoding(runs):
+    outputs = runs["report"]["outputs"]
     assert all(len(o) == MAX_TOKENS for o in runs["plain"])
-    assert runs["spec"] == runs["plain"]
+    assert outputs["vllm_plain"] == runs["plain"]  # vLLM plain = HF greedy
+    assert outputs["vllm_ours"] == runs["plain"]  # vLLM + our drafter = the same tokens
 
 
 def test_counters_show_drafts_and_accepted_tokens(runs):
-    m = runs["metrics"]
-    assert m.get("vllm:spec_decode_num_drafts", 0) > 0, m
-    assert m["vllm:spec_decode_num_draft_tokens"] == GAMMA * m["vllm:spec_decode_num_drafts"]
-    assert m.get("vllm:spec_decode_num_accepted_tokens", 0) > 0, m
-    assert len(m["vllm:spec_decode_num_accepted_tokens_per_pos"]) == GAMMA
+    m = runs["report"]["acceptance"]["vllm_ours"]
+    assert m.get("drafts", 0) > 0, m
+    assert m["draft_tokens"] == GAMMA * m["drafts"]
+    assert m.get("accepted_tokens", 0) > 0, m
 
 
 def test_vllm_accepts_what_our_engine_accepts(runs):
@@ -111,37 +103,26 @@ def test_vllm_accepts_what_our_engine_accepts(runs):
     training steps: at 40 the drafter accepted 9 of 96 tokens in both engines, too few to compare (ours, measured:
     120 steps 76 accepted in 20 rounds; 80 steps 27)."""
     ours_plain = [r.tokens for r in runs["ours"]]
-    assert ours_plain == runs["plain"]  # our engine at T=0 = vLLM plain = HF greedy
+    assert ours_plain == runs["plain"]  # our engine at T=0 = HF greedy
     ours_accepted = sum(r.stats.accepted for r in runs["ours"])
-    vllm_accepted = runs["metrics"]["vllm:spec_decode_num_accepted_tokens"]
-    print(f"accepted: vLLM {vllm_accepted} ({runs['metrics']['vllm:spec_decode_num_drafts']} drafts), ours "
+    acceptance = runs["report"]["acceptance"]["vllm_ours"]
+    vllm_accepted = acceptance["accepted_tokens"]
+    print(f"accepted: vLLM {vllm_accepted} ({acceptance['drafts']} drafts), ours "
           f"{ours_accepted} ({sum(r.stats.rounds for r in runs['ours'])} rounds)")
     assert ours_accepted >= len(runs["ours"]), ours_accepted  # the drafter did learn something (untrained: 0)
     assert abs(vllm_accepted - ours_accepted) <= max(4, 0.25 * ours_accepted), (vllm_accepted, ours_accepted)
 
 
-def test_bench_puts_vllm_rows_beside_ours(runs, tmp_path):
+def test_bench_puts_vllm_rows_beside_ours(runs):
     """jobs/bench_vllm.py: three vLLM engines kept side by side (plain, n-gram, our drafter) and our engine, on the
     same prompts in one run; counters attributed per engine; every output equals vLLM plain at T=0."""
-    import json
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "jobs"))
-    import bench_vllm
-
-    rc = bench_vllm.main(["--drafter", str(runs["drafter_dir"]), "--eager", "--domains", "math", "code",
-                          "--prompts-per-domain", "2", "--max-new-tokens", str(MAX_TOKENS), "--gamma", str(GAMMA),
-                          "--concurrency", "2", "--out", str(tmp_path)])
-    report = json.loads((tmp_path / "bench_vllm.json").read_text())
-    assert rc == 0 and report["vllm_outputs_equal_plain"], report["outputs_differing_from_vllm_plain"]
+    report = runs["report"]
+    assert runs["rc"] == 0 and report["vllm_outputs_equal_plain"], report["outputs_differing_from_vllm_plain"]
     assert set(report["outputs_differing_from_vllm_plain"].values()) == {0}  # ours too: plain and speculative
     methods = {"vllm_plain", "vllm_ngram", "vllm_ours", "plain", "specdiff"}
-    assert {(r["domain"], r["method"]) for r in report["rows"]} == {(d, m) for d in ("math", "code") for m in methods}
+    assert {(r["domain"], r["method"]) for r in report["rows"]} == {(d, m) for d in DOMAINS for m in methods}
     assert all(r["tokens_per_s"] > 0 for r in report["rows"])
     # Per-engine counters (vLLM's metrics are process-wide): plain drafts nothing; the drafter learnt these prompts.
     assert "vllm_plain" not in report["acceptance"]
-    ours = report["acceptance"]["vllm_ours"]
-    assert ours["draft_tokens"] == GAMMA * ours["drafts"] and ours["accepted_tokens"] > 0, ours
     assert set(report["throughput_tokens_per_s"]) == {"vllm_plain", "vllm_ngram", "vllm_ours"}
-    assert "| math | vllm_ours |" in (tmp_path / "bench_vllm.md").read_text()
+    assert "| math | vllm_ours |" in (runs["out"] / "bench_vllm.md").read_text()

@@ -50,7 +50,9 @@ class VLLMAppConfig(_Strict):
                        "float32), float32 or bfloat16.")
     enforce_eager: bool | None = Field(None, description="vLLM: skip compilation (default: on a CPU, where "
                                        "compiling takes minutes).")
-    num_gpus: float = Field(0, ge=0, description="GPUs per replica (0: a CPU deployment).")
+    num_gpus: float = Field(0, ge=0, description="0: a CPU deployment; > 0: a GPU one (Ray Serve LLM then gives each "
+                            "replica as many GPUs as vLLM's tensor_parallel_size × pipeline_parallel_size, set in "
+                            "engine_kwargs; default 1).")
     num_cpus: float = Field(1, gt=0, description="CPUs per replica (CPU deployment).")
     accelerator_type: str | None = Field(None, description="GPU type, e.g. 'A100' (GPU deployments only).")
     min_replicas: int = Field(1, ge=1)
