@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +52,25 @@ def test_first_copy_wins_unless_replacing(tmp_path):
         partial.mkdir()
         (partial / "v").write_text("third")
     assert (target / "v").read_text() == "third" and _leftovers(tmp_path) == []
+
+
+def test_failed_replace_puts_the_old_copy_back(tmp_path, monkeypatch):
+    target = tmp_path / "drafter"
+    target.mkdir()
+    (target / "v").write_text("old")
+    real_rename = Path.rename
+
+    def failing(self, to):
+        if ".partial-" in self.name:  # the publishing rename fails (full disk, ...)
+            raise OSError("simulated")
+        return real_rename(self, to)
+
+    monkeypatch.setattr(Path, "rename", failing)
+    with pytest.raises(OSError, match="simulated"):
+        with publishing(target, replace=True) as partial:
+            partial.mkdir()
+            (partial / "v").write_text("new")
+    assert (target / "v").read_text() == "old" and _leftovers(tmp_path) == []
 
 
 def test_write_text_replaces(tmp_path):

@@ -45,8 +45,10 @@ def publishing(target: str | Path, *, replace: bool = False) -> Iterator[Path]:
             partial.rename(target)
         except OSError:
             if not target.exists():
+                if old is not None:
+                    old.rename(target)  # put the old copy back: a failed publish changes nothing
                 raise
-            # replace=False: another process won the race; its copy is the same thing
+            # another process won the race; its copy is the same thing
         if old is not None:
             _remove(old)
     finally:
