@@ -12,14 +12,17 @@ skips that and drafts with verifier layers that were never aligned (expect tau n
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
+
+STARTED = time.perf_counter()  # before the heavy imports: "first token after" counts them
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path
 
-import torch
+import torch  # noqa: E402
 
-from specdiff import (
+from specdiff import (  # noqa: E402
     DecodeOptions,
     HFVerifier,
     SamplingParams,
@@ -28,11 +31,11 @@ from specdiff import (
     generate_plain,
     load_drafter,
 )
-from specdiff.dtypes import dtype_name, resolve_dtype_with_reason
-from specdiff.feature_drafter import build_feature_drafter
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm, state_dir
+from specdiff.dtypes import dtype_name, resolve_dtype_with_reason  # noqa: E402
+from specdiff.feature_drafter import build_feature_drafter  # noqa: E402
+from specdiff.models import BACKENDS, DEFAULT_VERIFIER, load_causal_lm, state_dir  # noqa: E402
 
-from build_drafter import build_default  # jobs/ is on sys.path when this script runs
+from build_drafter import build_default  # noqa: E402 (jobs/ is on sys.path when this script runs)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,6 +53,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 (both decoders use it; auto: bfloat16 "
                    "where the CPU has native bf16, else float32)")
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="verifier forward and tokenizer: specdiff's "
+                   "lean Llama forward (no transformers import: starts ~6 s sooner), transformers, or auto (specdiff "
+                   "where the model is a Llama-family folder, else transformers)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--recalibrate", action="store_true", help="measure the adaptive policy's cost model again (it is "
                    "kept per machine under $SPECDIFF_HOME/costs; redo it if the machine was busy when it was measured)")
@@ -67,7 +73,11 @@ def main(argv=None) -> int:
         return 2
     print(f"dtype: {dtype_name(dtype)} ({reason})")
     t0 = time.perf_counter()
-    model, tokenizer = load_causal_lm(args.verifier, dtype)
+    try:
+        model, tokenizer = load_causal_lm(args.verifier, dtype, backend=args.backend)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.untrained:
         drafter = build_feature_drafter(model, num_layers=1)
         drafter_name = "untrained feature drafter - align one with jobs/build_drafter.py or jobs/distill.py"
@@ -88,8 +98,8 @@ def main(argv=None) -> int:
         drafter_name = str(drafter_dir)
     # A feature drafter reads the verifier's tapped states: the verifier keeps them from its own scoring passes.
     verifier = HFVerifier(model, tap_layers=getattr(drafter, "tap_layers", None))
-    print(f"verifier: {args.verifier}  drafter: {drafter_name}  (loaded in "
-          f"{time.perf_counter() - t0:.1f} s)")
+    print(f"verifier: {args.verifier} ({type(model).__module__.split('.')[0]} forward)  drafter: {drafter_name}  "
+          f"(loaded in {time.perf_counter() - t0:.1f} s)")
 
     if args.no_chat:
         prompt = tokenizer(args.prompt)["input_ids"]
@@ -107,14 +117,27 @@ def main(argv=None) -> int:
         how = (f"measured in {warm.stats.calibration_s:.1f} s and kept" if decoder.costs_measured else
                "kept from an earlier run (--recalibrate measures it again)")
         print(f"cost model: {how} under {decoder.costs_cache}")
+    # The speculative decode streams to the terminal (the first token's latency counts from the script's start:
+    # imports, loading and the warm-up included); plain decoding then runs the same request for the comparison.
+    print()
+    t0 = time.perf_counter()
+    stream = decoder.stream(prompt, options)
+    shown, first_token_s = "", None
+    for _ in stream:
+        if first_token_s is None:
+            first_token_s = time.perf_counter() - STARTED
+        text = tokenizer.decode(stream.tokens, skip_special_tokens=True)
+        print(text[len(shown):] if text.startswith(shown) else text, end="", flush=True)
+        shown = text
+    spec_s = time.perf_counter() - t0
+    result = stream.result()
+    print("\n")
     t0 = time.perf_counter()
     plain = generate_plain(HFVerifier(model), prompt, options)  # no taps: plain decoding pays for none
     plain_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    result = decoder.generate(prompt, options)
-    spec_s = time.perf_counter() - t0
 
-    print("\n" + tokenizer.decode(result.tokens, skip_special_tokens=True) + "\n")
+    if first_token_s is not None:
+        print(f"first token after {first_token_s:.1f} s (from the script's start: imports, loading, warm-up)")
     s = result.stats
     print(f"speculative: {len(result.tokens)} tokens in {spec_s:.2f} s ({len(result.tokens) / spec_s:.1f} tok/s), "
           f"tau={s.tau:.2f}, rounds={s.rounds}, drafter {s.drafter_s:.2f} s, verifier {s.verifier_s:.2f} s")

@@ -374,8 +374,6 @@ def load_drafter(path: str | Path, *, dtype: torch.dtype | None = None, verifier
                  verifier_digest: str | None = None):
     """A drafter folder: a standalone diffusion drafter (``save_drafter``), or a feature drafter
     (``save_feature_drafter``), which reads ``verifier``'s hidden states, embeddings and head and so needs it."""
-    from transformers import AutoModelForCausalLM
-
     from .feature_drafter import is_feature_drafter, load_feature_drafter
 
     path = Path(path)
@@ -388,6 +386,8 @@ def load_drafter(path: str | Path, *, dtype: torch.dtype | None = None, verifier
     if not meta_file.is_file():
         raise ValueError(f"drafter path must hold {DRAFTER_META} (written by save_drafter) or a feature drafter's "
                          f"specdiff_feature_drafter.json, got {str(path)!r}")
+    from transformers import AutoModelForCausalLM  # here: a feature drafter loads without transformers
+
     meta = json.loads(meta_file.read_text())
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return HFDiffusionDrafter(model, DrafterConfig(**meta["drafter_config"]))

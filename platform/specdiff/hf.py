@@ -72,6 +72,16 @@ class HFModel:
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
 
+    def new_cache(self):
+        """An empty KV cache of the kind the model takes: its own (``specdiff.llama``) or transformers'
+        ``DynamicCache``."""
+        make = getattr(self.model, "new_cache", None)
+        if make is not None:
+            return make()
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
     def additive_mask(self, allowed: torch.Tensor) -> torch.Tensor:
         """bool [B, Q, K] (True = may attend) -> additive float mask [B, 1, Q, K] in the model's dtype.
 

@@ -71,11 +71,33 @@ def resolve_model_path(source: str) -> str:
     return source
 
 
-def load_causal_lm(source: str, dtype: str | torch.dtype = "auto"):
-    """(model, tokenizer) for a verifier source (see ``resolve_model_path``) in ``dtype`` (see ``parse_dtype``)."""
+BACKENDS = ("auto", "transformers", "specdiff")
+
+
+def load_causal_lm(source: str, dtype: str | torch.dtype = "auto", *, backend: str = "transformers"):
+    """(model, tokenizer) for a verifier source (see ``resolve_model_path``) in ``dtype`` (see ``parse_dtype``).
+
+    ``backend``: ``"transformers"`` (``AutoModelForCausalLM`` / ``AutoTokenizer``: any architecture, training);
+    ``"specdiff"`` (``specdiff.llama`` + ``specdiff.tokenizer``: inference of a local Llama-family folder without
+    importing transformers, which cuts a cold start by ~6 s on a 2-core CPU; an error for anything else);
+    ``"auto"``: ``specdiff`` where the folder is one it computes exactly, else ``transformers``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    path = resolve_model_path(source)
+    if backend != "transformers":
+        from .llama import load_llama
+        from .tokenizer import load_tokenizer
+
+        model = load_llama(path, parse_dtype(dtype)) if Path(path).is_dir() else None
+        tokenizer = load_tokenizer(path) if model is not None else None
+        if model is not None and tokenizer is not None:
+            return model, tokenizer
+        if backend == "specdiff":
+            raise ValueError(f"backend 'specdiff' needs a local Llama-family folder with safetensors weights and a "
+                             f"tokenizer.json (specdiff.llama.unsupported_reason); {source!r} is not one: use "
+                             f"backend 'transformers'")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = resolve_model_path(source)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype)).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer

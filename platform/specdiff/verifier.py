@@ -88,12 +88,10 @@ class HFVerifier:
 
 class HFVerifierSession:
     def __init__(self, verifier: HFVerifier, prompt: list[int]):
-        from transformers import DynamicCache
-
         self.hf = verifier.hf
         self.taps = verifier.tap_layers
         self.tokens = list(prompt)
-        self.cache = DynamicCache()
+        self.cache = self.hf.new_cache()
         self._scored: TokenTree | None = None
         self._tree_features: torch.Tensor | None = None
         width = len(self.taps) * verifier.hidden_size if self.taps else 0

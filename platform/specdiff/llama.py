@@ -1,0 +1,307 @@
+"""A lean Llama-family causal LM for inference: the verifier forward in plain torch, loaded straight from a Hugging
+Face folder (``config.json`` + safetensors), without importing transformers.
+
+Why: a cold ``python jobs/generate.py`` spent ~3.4 s importing transformers' modelling code and ~2.7 s in its
+tokenizer before the first token (2-core AVX2 EPYC); this module and ``specdiff.tokenizer`` load the same weights and
+vocabulary in well under a second. It computes what transformers' ``LlamaForCausalLM`` computes (same module tree
+and parameter names, so a checkpoint's state dict loads as-is and code that reads ``model.model.layers[i].mlp``
+keeps working): RMSNorm in float32, RoPE from float32 inverse frequencies, grouped-query attention through
+``scaled_dot_product_attention``, a SwiGLU MLP, tied or separate LM head. Tests compare logits, cache use and tapped
+hidden states with transformers' model on the same weights.
+
+It takes what the verifier needs (``HFModel``'s calling convention): ``input_ids``, an additive 4D mask or none
+(causal), ``position_ids``, a ``KVCache``, ``logits_to_keep``, ``output_hidden_states``. No padding masks, no
+training extras; ``load_llama`` returns None for a config outside what it computes exactly (another architecture,
+RoPE scaling, biases), and the caller falls back to transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LlamaConfig(SimpleNamespace):
+    """``config.json``'s fields as attributes (what code written against a transformers config reads)."""
+
+    @property
+    def rope_theta(self) -> float:
+        params = getattr(self, "rope_parameters", None) or {}
+        return float(params.get("rope_theta", self.__dict__.get("_rope_theta", 10000.0)))
+
+    @property
+    def head_size(self) -> int:
+        return int(getattr(self, "head_dim", None) or self.hidden_size // self.num_attention_heads)
+
+
+def unsupported_reason(config: dict) -> str | None:
+    """Why this module cannot compute the model exactly (None: it can)."""
+    if config.get("model_type") != "llama":
+        return f"model_type {config.get('model_type')!r} (only 'llama')"
+    if config.get("hidden_act", "silu") != "silu":
+        return f"hidden_act {config.get('hidden_act')!r}"
+    for flag in ("attention_bias", "mlp_bias"):
+        if config.get(flag):
+            return flag
+    if int(config.get("pretraining_tp") or 1) != 1:
+        return "pretraining_tp > 1"
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind != "default":
+        return f"rope_type {kind!r}"
+    return None
+
+
+class KVCache:
+    """Keys and values per layer ([B, kv_heads, T, head_dim] each), laid out like transformers' ``DynamicCache``
+    (``layers[i].keys`` / ``.values``, ``get_seq_length()``), so the verifier's commit works on either."""
+
+    def __init__(self, num_layers: int):
+        self.layers = [SimpleNamespace(keys=None, values=None) for _ in range(num_layers)]
+
+    def get_seq_length(self) -> int:
+        keys = self.layers[0].keys if self.layers else None
+        return 0 if keys is None else int(keys.shape[-2])
+
+    def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        entry = self.layers[layer]
+        if entry.keys is None:
+            entry.keys, entry.values = keys, values
+        else:
+            entry.keys = torch.cat([entry.keys, keys], -2)
+            entry.values = torch.cat([entry.values, values], -2)
+        return entry.keys, entry.values
+
+
+class _Unset(nn.Linear):
+    def reset_parameters(self) -> None:  # the weights come from the checkpoint: skip the random init
+        pass
+
+
+def _linear(inputs: int, outputs: int) -> nn.Linear:
+    """A bias-free ``nn.Linear`` with uninitialised weights (loaded next). Built without the meta device: a module
+    initialised there imports torch._dynamo, 1.4-3 s of a cold start."""
+    layer = _Unset(inputs, outputs, bias=False)
+    layer.__class__ = nn.Linear  # a plain Linear again (``specdiff.kernels`` swaps exact nn.Linear classes)
+    return layer
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.gate_proj = _linear(c.hidden_size, c.intermediate_size)
+        self.up_proj = _linear(c.hidden_size, c.intermediate_size)
+        self.down_proj = _linear(c.intermediate_size, c.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), -1)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Grouped-query attention: q [B, H, S, D], k/v [B, KV, T, D], ``mask`` additive [B, 1, S, T] or None (causal,
+    the S rows being the last S of the T positions) -> [B, H, S, D].
+
+    A few rows without gradients (decoding steps, a verifier's tree pass) fold the query heads of each key/value
+    head into the rows instead of copying every key and value per query head; same sums (see ``hf._gqa_sdpa``)."""
+    batch, heads, rows, dim = q.shape
+    kv, total = k.shape[1], k.shape[-2]
+    groups = heads // kv
+    if mask is None and rows > 1 and rows != total:  # a causal chunk after cached positions: explicit mask
+        allowed = torch.ones(rows, total, dtype=torch.bool, device=q.device).tril(total - rows)
+        mask = torch.zeros(rows, total, dtype=q.dtype, device=q.device).masked_fill_(~allowed, torch.finfo(q.dtype).min)
+        mask = mask[None, None]
+    if groups > 1 and rows <= 64 and (mask is not None or rows == 1) and not torch.is_grad_enabled():
+        folded = q.reshape(batch, kv, groups * rows, dim)  # head h = j * groups + r -> row r * rows + i
+        fmask = None if mask is None else mask.expand(batch, 1, rows, total).repeat(1, 1, groups, 1)
+        out = F.scaled_dot_product_attention(folded, k, v, attn_mask=fmask, scale=scale)
+        return out.reshape(batch, heads, rows, dim)
+    if groups > 1:
+        k = k[:, :, None].expand(batch, kv, groups, total, dim).reshape(batch, heads, total, dim)
+        v = v[:, :, None].expand(batch, kv, groups, total, dim).reshape(batch, heads, total, dim)
+    causal = mask is None and rows > 1
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: LlamaConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_size
+        self.num_key_value_groups = self.num_heads // self.num_kv_heads
+        self.scaling = self.head_dim ** -0.5
+        self.q_proj = _linear(c.hidden_size, self.num_heads * self.head_dim)
+        self.k_proj = _linear(c.hidden_size, self.num_kv_heads * self.head_dim)
+        self.v_proj = _linear(c.hidden_size, self.num_kv_heads * self.head_dim)
+        self.o_proj = _linear(self.num_heads * self.head_dim, c.hidden_size)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None) -> torch.Tensor:
+        batch, rows, _ = x.shape
+        q = self.q_proj(x).view(batch, rows, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, rows, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, rows, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)
+        out = attend(q, k, v, mask, self.scaling)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, rows, self.num_heads * self.head_dim))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: LlamaConfig, layer: int):
+        super().__init__()
+        self.self_attn = Attention(c, layer)
+        self.mlp = MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, _weight=torch.empty(c.vocab_size, c.hidden_size))
+        self.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        dim = c.head_size
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+
+class Output(SimpleNamespace):
+    """``logits`` [B, S or logits_to_keep, V]; ``hidden_states`` (when asked): the embeddings, then every layer's
+    output, the last one after the final norm (transformers' convention); ``past_key_values``."""
+
+
+class LlamaCausalLM(nn.Module):
+    """Inference-only Llama causal LM with transformers' parameter names (see the module docstring)."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = _linear(config.hidden_size, config.vocab_size)
+        if getattr(config, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.config.num_hidden_layers)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past_key_values: KVCache | None = None,
+                use_cache: bool | None = None, logits_to_keep: int = 0,
+                output_hidden_states: bool = False) -> Output:
+        if attention_mask is not None and attention_mask.dim() != 4:
+            raise ValueError("LlamaCausalLM takes an additive 4D attention mask [B, 1, S, T] or none (causal); "
+                             f"got {attention_mask.dim()} dimensions (padding masks need the transformers model)")
+        cache = past_key_values if use_cache is not False else None
+        x = self.model.embed_tokens(input_ids)
+        batch, rows = input_ids.shape
+        if position_ids is None:
+            start = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(start, start + rows, device=x.device)[None].expand(batch, rows)
+        freqs = position_ids[..., None].float() * self.model.inv_freq  # [B, S, D/2], float32 as transformers
+        angles = torch.cat((freqs, freqs), -1)
+        cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(x.dtype)
+        hidden = [x] if output_hidden_states else None
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, attention_mask, cache)
+            if hidden is not None:
+                hidden.append(x)
+        x = self.model.norm(x)
+        if hidden is not None:
+            hidden[-1] = x
+        keep = x[:, -logits_to_keep:] if logits_to_keep else x
+        return Output(logits=self.lm_head(keep), hidden_states=tuple(hidden) if hidden is not None else None,
+                      past_key_values=cache)
+
+
+def _read_state(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(load_file(str(folder / name)))
+    return state
+
+
+def load_llama(path: str | Path, dtype: torch.dtype = torch.float32) -> LlamaCausalLM | None:
+    """The model in a local Hugging Face folder as a ``LlamaCausalLM`` in ``dtype`` (eval mode, CPU), or None when
+    the folder is not one it computes exactly (see ``unsupported_reason``; no safetensors weights)."""
+    folder = Path(path)
+    config_file = folder / "config.json"
+    if not config_file.is_file() or not ((folder / "model.safetensors").is_file()
+                                         or (folder / "model.safetensors.index.json").is_file()):
+        return None
+    raw = json.loads(config_file.read_text())
+    if unsupported_reason(raw) is not None:
+        return None
+    if "rope_theta" in raw:  # older config.json: a top-level rope_theta (the property reads it from here)
+        raw["_rope_theta"] = raw.pop("rope_theta")
+    raw.setdefault("num_key_value_heads", raw["num_attention_heads"])
+    raw.setdefault("rms_norm_eps", 1e-6)
+    config = LlamaConfig(**raw)
+    model = LlamaCausalLM(config)
+    state = {k: v.to(dtype) for k, v in _read_state(folder).items()}
+    if getattr(config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        model.lm_head.weight = model.model.embed_tokens.weight
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise ValueError(f"{folder}: weights do not match its config.json (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]})")
+    dim = config.head_size
+    model.model.inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    return model.eval()
+
+
+__all__ = ["KVCache", "LlamaCausalLM", "LlamaConfig", "load_llama", "unsupported_reason"]
