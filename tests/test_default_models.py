@@ -67,6 +67,8 @@ def test_main_job_builds_the_default_drafter_once_then_runs_offline(specdiff_hom
     second = run_job(args, specdiff_home, SPECDIFF_BUILD_QUICK="1")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "building the default drafter" not in second.stdout and f"drafter: {built}" in second.stdout
+    assert "(specdiff forward)" in second.stdout and "first token after" in second.stdout  # the lean start-up path
+    assert "identical to plain greedy decoding: yes" in second.stdout
 
     # --register: the pair goes into the registry and becomes production; a second call registers nothing new.
     uri = f"sqlite:///{specdiff_home / 'registry-test.db'}"
