@@ -24,7 +24,7 @@ import torch
 
 from specdiff import DecodeOptions, DecodeStats, HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain, load_drafter
 from specdiff.dtypes import dtype_name, resolve_dtype_with_reason
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm, parse_dtype, state_dir
+from specdiff.models import BACKENDS, DEFAULT_VERIFIER, load_causal_lm, parse_dtype, state_dir
 from specdiff.prompts import chat_prompt_ids, load_prompts
 
 
@@ -75,6 +75,9 @@ def parse_args(argv=None):
                    "with --adaptive) without the prompt-lookup candidate (SpecConfig.prompt_lookup=False)")
     p.add_argument("--k-default", type=int, default=4)
     p.add_argument("--td-default", type=float, default=1.5)
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="verifier forward of our methods (plain and "
+                   "specdiff rows): as jobs/generate.py (auto: specdiff's lean Llama forward where it applies); HF "
+                   "generate rows (--ar-drafter) always run transformers' model")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16, for every method (auto: bfloat16 "
                    "where the CPU has native bf16, else float32; the report records the resolved name)")
     p.add_argument("--seed", type=int, default=0)
@@ -149,7 +152,8 @@ class Runner:
     def __init__(self, args):
         dtype = parse_dtype(args.dtype)
         self.args = args
-        self.model, self.tokenizer = load_causal_lm(args.verifier, dtype)
+        self.model, self.tokenizer = load_causal_lm(args.verifier, dtype, backend=args.backend)
+        print(f"verifier forward: {type(self.model).__module__.split('.')[0]} (--backend {args.backend})")
         self.verifier = HFVerifier(self.model)  # plain decoding taps nothing
         drafters = {name: load_drafter(path, dtype=dtype, verifier=self.model) for name, path in args.drafters.items()}
         if args.untrained:
@@ -165,9 +169,14 @@ class Runner:
             from transformers import AutoModelForCausalLM
 
             self.assistant = AutoModelForCausalLM.from_pretrained(args.ar_drafter, dtype=dtype).eval()
+        # HF generate rows need transformers' model: the same weights, loaded a second time when ours is the lean one.
+        self.hf_model = self.model
+        if args.ar_drafter and not type(self.model).__module__.startswith("transformers"):
+            self.hf_model = load_causal_lm(args.verifier, dtype, backend="transformers")[0]
         self.stops = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self._calls = 0
-        self.model.register_forward_hook(lambda *_: setattr(self, "_calls", self._calls + 1))
+        for model in {id(m): m for m in (self.model, self.hf_model)}.values():
+            model.register_forward_hook(lambda *_: setattr(self, "_calls", self._calls + 1))
 
     def run(self, m: Method, prompt: list[int], seed: int) -> tuple[int, float, int, DecodeStats]:
         """(new tokens, seconds, verifier forwards after prefill, stats)."""
@@ -182,7 +191,7 @@ class Runner:
         elif m.kind in ("assisted", "hf_plain"):
             assistant = {"assistant_model": self.assistant} if m.kind == "assisted" else {}
             with torch.no_grad():
-                out = self.model.generate(
+                out = self.hf_model.generate(
                     torch.tensor([prompt]), **assistant, do_sample=False,
                     max_new_tokens=self.args.max_new_tokens, eos_token_id=self.stops or None,
                     pad_token_id=self.stops[0] if self.stops else 0,

@@ -97,6 +97,7 @@ def test_bench_quick_writes_table_json_and_plot(smollm, specdiff_home, tmp_path)
                    "--domains", "math", "chat", "--dtype", "float32", "--out", str(tmp_path / "bench")], specdiff_home)
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert report["config"]["backend"] == "auto" and "verifier forward: specdiff" in out.stdout  # as generate.py
     methods = {(r["domain"], r["method"]) for r in report["rows"]}
     assert ("math", "plain T=0") in methods and ("chat", "standalone K=4 Td=1.5 T=0") in methods
     assert any(m.startswith("untrained ") for _, m in methods)  # the untrained feature drafter's row
