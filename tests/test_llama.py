@@ -204,3 +204,17 @@ print(sorted(m for m in sys.modules if m.split(".")[0] == "transformers"))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_serving_loads_the_lean_verifier_where_it_applies(tmp_path):
+    """Serve replicas (verifier, feature drafter) load through ``ModelSource.backend``: lean by default for a
+    Llama folder, transformers when asked; 'specdiff' with a device_map is a clear error."""
+    from specdiff.serving.config import ModelSource
+    from specdiff.serving.models import verifier_model
+
+    folder = str(save_tiny(tmp_path))
+    assert isinstance(verifier_model(ModelSource(verifier=folder)), LlamaCausalLM)
+    assert type(verifier_model(ModelSource(verifier=folder, backend="transformers"))).__module__.startswith(
+        "transformers.")
+    with pytest.raises(ValueError, match="leave models.device_map unset"):
+        verifier_model(ModelSource(verifier=folder, backend="specdiff", device_map="auto"))

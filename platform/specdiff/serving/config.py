@@ -71,6 +71,11 @@ class ModelSource(_Strict):
         "auto", description="Weights dtype; 'auto' = bfloat16 on a GPU or a CPU with native bf16, else float32 "
         "(specdiff.dtypes; SPECDIFF_DTYPE forces it)."
     )
+    backend: Literal["auto", "transformers", "specdiff"] = Field(
+        "auto", description="Verifier forward: 'specdiff' (specdiff.llama: transformers' Llama forward in plain torch, "
+        "weights loaded straight from safetensors; replicas start seconds sooner), 'transformers', or 'auto' "
+        "(specdiff where the folder is a Llama-family model it computes exactly and no device_map is given)."
+    )
     device_map: str | None = Field(
         None, description="Passed to from_pretrained (e.g. 'auto' to spread a 72B verifier over a replica's GPUs)."
     )

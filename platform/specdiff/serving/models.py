@@ -167,6 +167,18 @@ def demo_verifier_model(source: ModelSource, vocab_size: int):
 def verifier_model(source: ModelSource) -> torch.nn.Module:
     if source.verifier == DEMO:
         return demo_verifier_model(source, len(byte_tokenizer()))
+    if source.backend != "transformers" and source.device_map is None:
+        from ..llama import load_llama
+
+        path = resolve_model_path(source.verifier)
+        model = load_llama(path, _dtype(source)) if Path(path).is_dir() else None
+        if model is not None:
+            return model.to(_device()).eval()
+        if source.backend == "specdiff":
+            raise ValueError(f"models.backend 'specdiff' needs a local Llama-family folder with safetensors weights "
+                             f"(specdiff.llama.unsupported_reason); models.verifier {source.verifier!r} is not one")
+    elif source.backend == "specdiff":
+        raise ValueError("models.backend 'specdiff' loads onto one device: leave models.device_map unset")
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
