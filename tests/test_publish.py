@@ -102,3 +102,35 @@ def test_racing_writers_leave_one_whole_copy(tmp_path):
     values = {(target / f"{j}").read_text() for j in range(20)}
     assert len(values) == 1  # one writer's whole copy, not a mix
     assert _leftovers(tmp_path) == []
+
+
+def test_leftovers_of_killed_writers_are_swept(tmp_path):
+    """A writer killed mid-copy leaves ``.name.partial-PID-…``; the next publish of that name removes it once its
+    process is gone and it is old, and never touches a live or recent writer's copy or another name's."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from specdiff.publish import STALE_AFTER_S, sweep
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    old = time.time() - 2 * STALE_AFTER_S
+    paths = {
+        "dead_old": tmp_path / f".model.partial-{dead}-abcd", "dead_old_aside": tmp_path / f".model.old-{dead}-ef01",
+        "dead_recent": tmp_path / f".model.partial-{dead}-2345",
+        "live_old": tmp_path / f".model.partial-{os.getpid()}-6789",
+        "other_name": tmp_path / f".other.partial-{dead}-abcd",
+    }
+    for name, path in paths.items():
+        path.mkdir()
+        (path / "x").write_text(name)
+        if name != "dead_recent":
+            os.utime(path, (old, old))
+    with publishing(tmp_path / "model") as partial:
+        partial.mkdir()
+        (partial / "weights").write_text("new")
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {"model", paths["dead_recent"].name, paths["live_old"].name, paths["other_name"].name}
+    assert sweep(tmp_path / "model", older_than_s=0) == [paths["dead_recent"]]

@@ -10,9 +10,13 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+
+STALE_AFTER_S = 3600.0  # a leftover older than this whose writer is gone is swept
 
 
 def _aside(target: Path, tag: str) -> Path:
@@ -32,6 +36,7 @@ def publishing(target: str | Path, *, replace: bool = False) -> Iterator[Path]:
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    sweep(target)
     partial = _aside(target, "partial")
     try:
         yield partial
@@ -60,6 +65,36 @@ def write_text(path: str | Path, text: str) -> Path:
     with publishing(path, replace=True) as partial:
         partial.write_text(text)
     return Path(path)
+
+
+def sweep(target: str | Path, *, older_than_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the leftovers of killed writers of ``target`` (``.name.partial-PID-…`` / ``.name.old-PID-…``): those
+    whose process is not running on this machine and that were last changed more than ``older_than_s`` ago (the age
+    guard keeps a live writer on another machine of a shared filesystem safe). Returns what it removed."""
+    target = Path(target)
+    removed = []
+    now = time.time()
+    for tag in ("partial", "old"):
+        for path in target.parent.glob(f".{target.name}.{tag}-*"):
+            pid = path.name[len(f".{target.name}.{tag}-"):].split("-")[0]
+            try:
+                if not pid.isdigit() or _running(int(pid)) or now - path.lstat().st_mtime < older_than_s:
+                    continue
+            except OSError:  # gone meanwhile
+                continue
+            _remove(path)
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def _remove(path: Path) -> None:
