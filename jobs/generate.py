@@ -18,7 +18,7 @@ STARTED = time.perf_counter()  # before the heavy imports: "first token after" c
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path
+from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
