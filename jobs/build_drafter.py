@@ -112,7 +112,7 @@ def run_stage(label: str, config: Path, overrides: list[str], log: Path, teacher
     # RAY_DEDUP_LOGS=0: Ray folds log lines that differ only in numbers, which would hide the teacher's progress.
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
            "RAY_DEDUP_LOGS": "0"}
-    sampled, teacher_began = 0, 0.0
+    sampled, teacher_began, training = 0, 0.0, False
     began = time.perf_counter()
     seen = set()  # Ray may echo a worker's line twice
     keep = LogFilter()
@@ -126,8 +126,13 @@ def run_stage(label: str, config: Path, overrides: list[str], log: Path, teacher
             if (kept := keep(line)) is not None:
                 out.write(kept)
             if m := STEP.search(line):
-                bar.total = int(m.group(2))
-                bar.n = int(m.group(1))
+                step, total = int(m.group(1)), int(m.group(2))
+                if not training:  # the first step line: from here on, rate and ETA count training steps only
+                    training = True  # (not Ray's start-up and the teacher, which ran on the same bar)
+                    bar.reset(total=total)
+                    bar.initial = step
+                bar.total = total
+                bar.n = step
                 bar.set_postfix_str(f"loss {float(m.group(3)):.3f}")
                 bar.refresh()
             elif m := TEACHER.search(line):
