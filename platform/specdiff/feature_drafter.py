@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .llama import RMSNorm  # the verifier's norm (float32 statistics): the draft layers use the same
+
 FEATURE_DRAFTER_META = "specdiff_feature_drafter.json"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -120,19 +122,6 @@ def _rope_theta(config) -> float:
         params = getattr(config, "rope_parameters", None) or {}
         theta = params.get("rope_theta", 10000.0)
     return float(theta)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
