@@ -34,6 +34,7 @@ from specdiff import (  # noqa: E402
 from specdiff.dtypes import dtype_name, resolve_dtype_with_reason  # noqa: E402
 from specdiff.feature_drafter import build_feature_drafter  # noqa: E402
 from specdiff.models import BACKENDS, DEFAULT_VERIFIER, load_causal_lm, state_dir  # noqa: E402
+from specdiff.text import TextStreamer  # noqa: E402
 
 from build_drafter import build_default  # noqa: E402 (jobs/ is on sys.path when this script runs)
 
@@ -122,16 +123,15 @@ def main(argv=None) -> int:
     print()
     t0 = time.perf_counter()
     stream = decoder.stream(prompt, options)
-    shown, first_token_s = "", None
-    for _ in stream:
+    text = TextStreamer(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), [])
+    first_token_s = None
+    for tokens in stream:
         if first_token_s is None:
             first_token_s = time.perf_counter() - STARTED
-        text = tokenizer.decode(stream.tokens, skip_special_tokens=True)
-        print(text[len(shown):] if text.startswith(shown) else text, end="", flush=True)
-        shown = text
+        print(text.push(tokens), end="", flush=True)
     spec_s = time.perf_counter() - t0
     result = stream.result()
-    print("\n")
+    print(text.push([], final=True) + "\n")
     t0 = time.perf_counter()
     plain = generate_plain(HFVerifier(model), prompt, options)  # no taps: plain decoding pays for none
     plain_s = time.perf_counter() - t0

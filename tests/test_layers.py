@@ -24,6 +24,7 @@ LADDER = {
     "specdiff.export_vllm": FRAMEWORKS + ABOVE_CORE,
     "specdiff.llama": FRAMEWORKS + ABOVE_CORE,  # the lean verifier forward and tokenizer: never transformers
     "specdiff.tokenizer": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.text": FRAMEWORKS + ABOVE_CORE,
     # adapters: each on its framework, none on another adapter or the lifecycle
     "specdiff.registry": ["ray", "vllm", "specdiff.distill", "specdiff.serving", "specdiff.realign"],
     "specdiff.distill.teacher": ["ray", "mlflow", "fastapi", "vllm", "specdiff.serving", "specdiff.registry",

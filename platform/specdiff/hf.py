@@ -10,6 +10,7 @@ import inspect
 
 import torch
 
+from .llama import folded_attention
 
 GQA_SDPA = "specdiff_gqa_sdpa"  # the attention implementation ``fold_gqa_attention`` switches a model to
 
@@ -26,16 +27,13 @@ def _gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
-    batch, heads, rows, dim = query.shape
+    rows = query.shape[2]
     if (groups == 1 or rows == 1 or rows > 64 or attention_mask is None or attention_mask.dim() != 4
             or attention_mask.shape[1] != 1 or dropout or torch.is_grad_enabled()
             or any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "sliding_window", "s_aux"))):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal,
                                       **kwargs)
-    folded = query.reshape(batch, heads // groups, groups * rows, dim)  # head h = kv * groups + r -> row r*rows + i
-    mask = attention_mask.repeat(1, 1, groups, 1)
-    out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
-    return out.reshape(batch, heads, rows, value.shape[-1]).transpose(1, 2).contiguous(), None
+    return folded_attention(query, key, value, attention_mask, scaling).transpose(1, 2).contiguous(), None
 
 
 def fold_gqa_attention(model: torch.nn.Module) -> bool:

@@ -120,6 +120,20 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), -1)
 
 
+def folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                     scale: float | None) -> torch.Tensor:
+    """Grouped-query attention with the query heads of each key/value head folded into the rows (q [B, H, S, D],
+    k/v [B, KV, T, D], ``mask`` additive [B or 1, 1, S, T] or None -> [B, H, S, D]): no copy of every key and value
+    per query head. Same attention, another order of the same sums. Used by ``attend`` and ``hf._gqa_sdpa``."""
+    batch, heads, rows, dim = q.shape
+    kv, total = k.shape[1], k.shape[-2]
+    groups = heads // kv
+    folded = q.reshape(batch, kv, groups * rows, dim)  # head h = j * groups + r -> row r * rows + i
+    fmask = None if mask is None else mask.expand(batch, 1, rows, total).repeat(1, 1, groups, 1)
+    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=fmask, scale=scale)
+    return out.reshape(batch, heads, rows, v.shape[-1])
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Grouped-query attention: q [B, H, S, D], k/v [B, KV, T, D], ``mask`` additive [B, 1, S, T] or None (causal,
     the S rows being the last S of the T positions) -> [B, H, S, D].
@@ -134,10 +148,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         mask = torch.zeros(rows, total, dtype=q.dtype, device=q.device).masked_fill_(~allowed, torch.finfo(q.dtype).min)
         mask = mask[None, None]
     if groups > 1 and rows <= 64 and (mask is not None or rows == 1) and not torch.is_grad_enabled():
-        folded = q.reshape(batch, kv, groups * rows, dim)  # head h = j * groups + r -> row r * rows + i
-        fmask = None if mask is None else mask.expand(batch, 1, rows, total).repeat(1, 1, groups, 1)
-        out = F.scaled_dot_product_attention(folded, k, v, attn_mask=fmask, scale=scale)
-        return out.reshape(batch, heads, rows, dim)
+        return folded_attention(q, k, v, mask, scale)
     if groups > 1:
         k = k[:, :, None].expand(batch, kv, groups, total, dim).reshape(batch, heads, total, dim)
         v = v[:, :, None].expand(batch, kv, groups, total, dim).reshape(batch, heads, total, dim)
@@ -299,8 +310,6 @@ def load_llama(path: str | Path, dtype: torch.dtype = torch.float32) -> LlamaCau
     if missing or unexpected:
         raise ValueError(f"{folder}: weights do not match its config.json (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
-    dim = config.head_size
-    model.model.inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     return model.eval()
 
 

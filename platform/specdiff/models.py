@@ -88,7 +88,7 @@ def load_causal_lm(source: str, dtype: str | torch.dtype = "auto", *, backend: s
         from .llama import load_llama
         from .tokenizer import load_tokenizer
 
-        model = load_llama(path, parse_dtype(dtype)) if Path(path).is_dir() else None
+        model = load_llama(path, parse_dtype(dtype))  # None: not a local folder it computes exactly
         tokenizer = load_tokenizer(path) if model is not None else None
         if model is not None and tokenizer is not None:
             return model, tokenizer

@@ -171,7 +171,7 @@ def verifier_model(source: ModelSource) -> torch.nn.Module:
         from ..llama import load_llama
 
         path = resolve_model_path(source.verifier)
-        model = load_llama(path, _dtype(source)) if Path(path).is_dir() else None
+        model = load_llama(path, _dtype(source))  # None: not a local folder it computes exactly
         if model is not None:
             return model.to(_device()).eval()
         if source.backend == "specdiff":

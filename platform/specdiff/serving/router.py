@@ -22,6 +22,7 @@ from ..config import DecodeOptions, SamplingParams, SpecConfig
 from ..engine import DecodeStream, SpeculativeDecoder, stream_plain
 from ..policy import SpeculationCosts
 from ..stats import DecodeStats
+from ..text import TextStreamer
 from .config import ModelSource, RouterOptions
 from .metrics import NullMetrics
 from .models import load_tokenizer, stop_token_ids
@@ -30,33 +31,6 @@ from .remote import RemoteDrafter, RemoteVerifier
 
 logger = logging.getLogger(__name__)
 _DONE = object()
-
-
-class TextStreamer:
-    """Incremental detokenization: never emits half a UTF-8 character or the start of a stop string, and cuts the
-    text before the first stop string (OpenAI leaves the stop sequence out)."""
-
-    def __init__(self, decode, stop_strings: list[str]):
-        self.decode = decode
-        self.stops = stop_strings
-        self.tokens: list[int] = []
-        self.sent = 0
-
-    def push(self, tokens: list[int], final: bool = False) -> str:
-        self.tokens.extend(tokens)
-        text = self.decode(self.tokens)
-        hits = [text.find(s) for s in self.stops if s in text]
-        if hits:
-            text = text[: min(hits)]
-        elif not final:
-            text = text.rstrip("\ufffd")
-            for k in range(min(len(text), max((len(s) for s in self.stops), default=1) - 1), 0, -1):
-                if any(s.startswith(text[-k:]) for s in self.stops):
-                    text = text[:-k]
-                    break
-        delta = text[self.sent :] if len(text) > self.sent else ""
-        self.sent = max(self.sent, len(text))
-        return delta
 
 
 def spec_usage(stats: DecodeStats, prompt_tokens: int, completion_tokens: int, speculative: bool) -> dict:
