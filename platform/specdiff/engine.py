@@ -51,7 +51,7 @@ def make_generator(seed: int | None = None, generator: torch.Generator | None = 
     return gen
 
 
-class _Stopper:
+class Stopper:
     """Truncates emitted tokens at max_new_tokens, the first stop token, or the end of the first stop string."""
 
     def __init__(self, options: DecodeOptions, decode: Callable[[list[int]], str] | None):
@@ -99,7 +99,7 @@ class DecodeStream:
 
     ``close()`` stops the decode between rounds (a client that went away)."""
 
-    def __init__(self, rounds: Iterator[list[int]], stopper: _Stopper, stats: DecodeStats):
+    def __init__(self, rounds: Iterator[list[int]], stopper: Stopper, stats: DecodeStats):
         self._rounds = rounds
         self._stopper = stopper
         self._done = False
@@ -189,7 +189,7 @@ def _room(session: VerifierSession, max_context: int | None) -> int:
 def _decode_loop(
     verifier: Verifier,
     prompt,
-    stopper: _Stopper,
+    stopper: Stopper,
     stats: DecodeStats,
     step: Callable[[VerifierSession, int], list[int]],
 ) -> Iterator[list[int]]:
@@ -283,12 +283,12 @@ class SpeculativeDecoder:
                **fields: Any) -> DecodeStream:
         """Iterate the tokens emitted by each round; ``stats`` (if given) is updated as rounds complete."""
         opts = DecodeOptions.merge(options, fields)
-        stopper = _Stopper(opts, self.decode)
+        stopper = Stopper(opts, self.decode)
         stats = stats if stats is not None else DecodeStats()
         rounds = self._rounds(prompt, stopper, opts.sampling, opts.spec, make_generator(opts.seed, generator), stats)
         return DecodeStream(rounds, stopper, stats)
 
-    def _rounds(self, prompt, stopper: _Stopper, sampling, spec: SpecConfig, gen, stats: DecodeStats):
+    def _rounds(self, prompt, stopper: Stopper, sampling, spec: SpecConfig, gen, stats: DecodeStats):
         policy: SpeculationPolicy | None = None
         base = R.draw_base_seed(gen)  # every round's streams derive from it (specdiff.rounds)
 
@@ -373,7 +373,7 @@ def stream_plain(verifier: Verifier, prompt: Sequence[int], options: DecodeOptio
     fallback. ``options`` as for ``SpeculativeDecoder.stream`` (its ``spec`` is ignored); ``decode`` (token ids ->
     text) is needed only for stop strings."""
     opts = DecodeOptions.merge(options, fields)
-    stopper = _Stopper(opts, decode)
+    stopper = Stopper(opts, decode)
     stats = stats if stats is not None else DecodeStats()
     sampling = opts.sampling
     base = R.draw_base_seed(make_generator(opts.seed, generator))

@@ -7,6 +7,9 @@ Serve config YAML's ``import_path`` + ``args``.
                                                        on session id; drafter_pool)
                                  --handle--> Verifier (KV-cache sessions, consistent-hash on session id, verifier_pool)
 
+``colocate=true``: one deployment holds both models and runs whole decodes (``Decoder``: the in-process engine,
+tokens streamed to the router, no call per round); the Router is the same.
+
 With no ``args`` it serves the embedded default pair (``models.demo=true``: the tiny random-init demo pair).
 """
 
@@ -27,10 +30,10 @@ from ray.serve.config import RequestRouterConfig
 from .config import AppConfig, DrafterOptions, ModelSource, RouterOptions, VerifierOptions
 from .metrics import ServeMetrics
 from ..models import DEFAULT_VERIFIER, resolve_model_path
-from .models import check_pair, load_drafter, load_verifier, pair_label, resolve_default, resolve_pair
+from .models import check_pair, load_drafter, load_pair, load_verifier, pair_label, resolve_default, resolve_pair
 from .protocol import ApiError
 from .router import OpenAIRouter
-from .servers import DrafterServer, VerifierServer
+from .servers import DecodeServer, DrafterServer, VerifierServer
 
 logger = logging.getLogger(__name__)
 CONSISTENT_HASH_ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"
@@ -127,6 +130,15 @@ class VerifierDeployment(_FollowsPair, VerifierServer):
         self._follow(models, label, load_verifier)
 
 
+class DecodeDeployment(_FollowsPair, DecodeServer):
+    """``colocate=true``: the verifier's pool options, both models, whole decodes (``DecodeServer.decode``)."""
+
+    def __init__(self, models: ModelSource, options: VerifierOptions):
+        resolved, label = resolve_pair(models)
+        super().__init__(functools.partial(load_pair, resolved), max_decodes=options.max_ongoing_requests)
+        self._follow(models, label, load_pair)
+
+
 async def _client_left(request: Request) -> None:
     """Returns once the client has gone (the body is read already, so the next ASGI message is the disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
@@ -216,6 +228,13 @@ def build_app(args: Optional[Union[Dict[str, Any], AppConfig]] = None) -> serve.
     # A registry pair also reaches the model replicas as user_config: redeploying with another {"pair": ...} is a
     # Serve reconfigure (in place, no restart).
     follow = {"user_config": {"pair": cfg.models.pair}} if cfg.models.pair else {}
+    router = serve.deployment(Router, name="Router", **cfg.router.deployment_options(None))
+    if cfg.colocate:  # one deployment, both models, whole decodes; no session routing needed
+        decoder = serve.deployment(
+            DecodeDeployment, name="Decoder", **follow,
+            **cfg.verifier.deployment_options(cfg.verifier_pool if cfg.pools else None),
+        ).bind(cfg.models, cfg.verifier)
+        return router.bind(None, decoder, cfg.models, cfg.router)
     drafter = serve.deployment(
         DrafterDeployment,
         name="Drafter",
@@ -237,5 +256,4 @@ def build_app(args: Optional[Union[Dict[str, Any], AppConfig]] = None) -> serve.
         **follow,
         **cfg.verifier.deployment_options(cfg.verifier_pool if cfg.pools else None),
     ).bind(cfg.models, cfg.verifier)
-    router = serve.deployment(Router, name="Router", **cfg.router.deployment_options(None))
     return router.bind(drafter, verifier, cfg.models, cfg.router)

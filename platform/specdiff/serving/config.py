@@ -247,6 +247,13 @@ class AppConfig(_Strict):
     drafter: DrafterOptions = Field(default_factory=DrafterOptions)
     verifier: VerifierOptions = Field(default_factory=VerifierOptions)
     router: RouterOptions = Field(default_factory=lambda: RouterOptions(num_cpus=0.25))
+    colocate: bool = Field(
+        False,
+        description="Drafter and verifier on the same replicas (deployment 'Decoder', sized by the `verifier` "
+        "options), which run whole decodes with the in-process engine and stream tokens to the router: no call per "
+        "round, so a served decode runs at the in-process speed. False: separate Drafter and Verifier deployments "
+        "(own pools, own autoscaling; two calls per speculative round). docs/serve.md compares them.",
+    )
     pools: bool = Field(
         False,
         description="Ask for one unit of 'drafter_pool' / 'verifier_pool' per replica (declare them on the cluster "

@@ -205,11 +205,19 @@ def feature_drafter_config(source: ModelSource) -> FeatureDrafterConfig | None:
         raise ValueError(f"corrupt drafter file {str(meta_file)!r}: {err}") from None
 
 
-def load_verifier(source: ModelSource) -> HFVerifier:
-    """The verifier; with a feature drafter, tapping the layers the drafter reads."""
+def load_verifier(source: ModelSource, model: torch.nn.Module | None = None) -> HFVerifier:
+    """The verifier (over ``model`` when given); with a feature drafter, tapping the layers the drafter reads."""
     config = feature_drafter_config(source)
     taps = config.target_layer_ids if config is not None else None
-    return HFVerifier(verifier_model(source), max_context=source.max_context, tap_layers=taps)
+    return HFVerifier(model if model is not None else verifier_model(source), max_context=source.max_context,
+                      tap_layers=taps)
+
+
+def load_pair(source: ModelSource) -> tuple[HFVerifier, Drafter]:
+    """Verifier and drafter for one replica (``colocate=true``): a feature drafter shares the verifier's model (its
+    embeddings and LM head), as in an in-process decode."""
+    model = verifier_model(source)
+    return load_verifier(source, model), load_drafter(source, model)
 
 
 def check_pair(source: ModelSource) -> None:
@@ -238,7 +246,9 @@ def check_pair(source: ModelSource) -> None:
                          f"{source.verifier!r} has {vocab}")
 
 
-def load_drafter(source: ModelSource) -> Drafter:
+def load_drafter(source: ModelSource, model: torch.nn.Module | None = None) -> Drafter:
+    """The drafter; a feature drafter reads the embeddings and LM head of ``model`` (the verifier's; loaded here
+    when not given)."""
     if source.drafter.startswith("import:"):
         _, module, name = source.drafter.split(":")
         return getattr(importlib.import_module(module), name)(source)
@@ -255,7 +265,8 @@ def load_drafter(source: ModelSource) -> Drafter:
     elif is_feature_drafter(source.drafter):
         # It reads the verifier's embeddings and LM head (frozen, shared): load the verifier and keep only those
         # (the decoder layers are dropped with the model object).
-        return load_feature_drafter(source.drafter, verifier_model(source), dtype=_dtype(source))
+        return load_feature_drafter(source.drafter, model if model is not None else verifier_model(source),
+                                    dtype=_dtype(source))
     else:
         drafter = load_saved_drafter(source.drafter, dtype=_dtype(source))
     return HFDiffusionDrafter(drafter.model.to(_device()), drafter.config)  # re-wrapped: HFModel records the device

@@ -22,22 +22,29 @@ replica that holds the session's draft cache. A drafter replica that lacks earli
 the session) answers ``NeedFeatures``; the router then reads the whole prefix's rows from the verifier replica,
 which keeps them with the KV cache (or recomputes them with the prefix), and sends them once. The first round of a
 request works the same way (its prompt's rows come from the verifier's prefill).
+
+``remote_decode`` (``colocate=true``): the whole decode runs on one replica that holds both models
+(``servers.DecodeServer``); this side receives each round's tokens and applies the stop conditions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 import uuid
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from ray import exceptions as ray_errors
 from ray.serve import exceptions as serve_errors
 
+from ..config import DecodeOptions
 from ..drafter import DrafterUnavailable
+from ..engine import DecodeStream, Stopper
 from ..rounds import Draft, Outcome
+from ..stats import DecodeStats
 from .metrics import NullMetrics
 from .wire import FeatureRows, NeedFeatures, NeedTokens, TokenSync
 
@@ -309,3 +316,52 @@ class RemoteVerifierSession:
     def fetch_features(self, start: int) -> FeatureRows:
         """Features of tokens start .. len(tokens)-2, read from the verifier replica (prefilled there if needed)."""
         return self._call("features", start)
+
+
+def remote_decode(handle, prompt: Sequence[int], options: DecodeOptions, *, speculative: bool = True,
+                  max_load: int | None = None, decode: Callable[[list[int]], str] | None = None, retries: int = 2,
+                  metrics=None) -> DecodeStream:
+    """A decode run by a ``DecodeServer`` replica (``handle``: its deployment), as a ``DecodeStream``: each round's
+    tokens as the replica streams them, ``stats`` as of the last round. The stop strings are applied here (the
+    replica needs no tokenizer); the replica stops at the stop tokens and ``max_new_tokens`` as this side does, and
+    is cancelled when this side stops first (a stop string, ``close()``). A replica that dies mid-decode is replaced
+    by another (up to ``retries`` times): it resumes from the prompt plus the tokens emitted so far, with the same
+    seed, so a T=0 decode is unchanged (each round draws from its position's stream; a T>0 one stays exact in
+    distribution)."""
+    stopper = Stopper(options, decode)
+    stats = DecodeStats()
+    return DecodeStream(_remote_rounds(handle, list(prompt), options, speculative, max_load, stopper, stats, retries,
+                                       metrics or NullMetrics()), stopper, stats)
+
+
+def _remote_rounds(handle, prompt: list[int], options: DecodeOptions, speculative: bool, max_load: int | None,
+                   stopper: Stopper, stats: DecodeStats, retries: int, metrics) -> Iterator[list[int]]:
+    done = DecodeStats()  # of the attempts that died
+    for attempt in range(retries + 1):
+        call = dataclasses.replace(options, max_new_tokens=stopper.remaining, stop_strings=())
+        response = handle.options(stream=True).decode.remote(prompt + stopper.out, call, speculative, max_load)
+        last = DecodeStats()
+        try:
+            for tokens, snapshot in response:
+                last = snapshot
+                _assign(stats, done.merge(snapshot))
+                out = stopper.push(tokens)
+                if out:
+                    yield out
+                if stopper.finish_reason is not None:
+                    return
+            return  # the replica's decode ended: a stop condition, or the context is full
+        except RETRYABLE as err:
+            if attempt == retries:
+                raise
+            metrics.verifier_retry()
+            logger.warning("decoder replica failed (%s) after %d tokens; resuming on another (%d/%d)",
+                           type(err).__name__, len(stopper.out), attempt + 1, retries)
+            done = done.merge(last)
+        finally:
+            response.cancel()  # no-op once it ended; else the replica stops after its round in progress
+
+
+def _assign(stats: DecodeStats, value: DecodeStats) -> None:
+    for f in dataclasses.fields(DecodeStats):
+        setattr(stats, f.name, getattr(value, f.name))

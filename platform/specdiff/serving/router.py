@@ -1,4 +1,5 @@
-"""The ingress logic: OpenAI requests -> the engine's decode loop over the drafter and verifier handles.
+"""The ingress logic: OpenAI requests -> the engine's decode loop over the drafter and verifier handles, or (a
+colocated app: ``info()["colocated"]``) whole decodes streamed from the replica that holds both models.
 
 ``OpenAIRouter`` is a plain class (handles and tokenizer injected); ``app.Router`` wraps it in FastAPI + Serve.
 Each decode loop runs in a worker thread because the engine is synchronous and calls handles with ``.result()``;
@@ -12,11 +13,10 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from ..config import DecodeOptions, SamplingParams, SpecConfig
 from ..engine import DecodeStream, SpeculativeDecoder, stream_plain
@@ -27,10 +27,10 @@ from .config import ModelSource, RouterOptions
 from .metrics import NullMetrics
 from .models import load_tokenizer, stop_token_ids
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse, value_error
-from .remote import RemoteDrafter, RemoteVerifier
+from .aio import iterate_in_thread
+from .remote import RemoteDrafter, RemoteVerifier, remote_decode
 
 logger = logging.getLogger(__name__)
-_DONE = object()
 
 
 def spec_usage(stats: DecodeStats, prompt_tokens: int, completion_tokens: int, speculative: bool) -> dict:
@@ -74,6 +74,9 @@ class OpenAIRouter:
         """vocab size / context, asked of the verifier once (the router does not load model weights)."""
         if self._info is None:
             info = await self.verifier_handle.info.remote()
+            if info.get("colocated"):  # one deployment holds both models and runs whole decodes
+                self._info = info
+                return info
             drafter = await self.drafter_handle.info.remote()
             self._drafter = RemoteDrafter(
                 self.drafter_handle,
@@ -158,6 +161,14 @@ class OpenAIRouter:
                 "is needed)",
                 prompt_field,
             )
+        options = DecodeOptions(max_new_tokens=max_tokens, sampling=sampling, spec=spec or SpecConfig(),
+                                stop_token_ids=stop_token_ids(self.tokenizer, chat), stop_strings=req.stop_strings,
+                                seed=req.seed)
+        if info.get("colocated"):
+            stream = remote_decode(self.verifier_handle, prompt_ids, options, speculative=spec is not None,
+                                   max_load=self._max_load(req), decode=self._decode,
+                                   retries=self.options.verifier_retries, metrics=self.metrics)
+            return await _Run(self, stream, req, prompt_ids, chat, spec is not None).respond()
         verifier = RemoteVerifier(
             self.verifier_handle,
             info["vocab_size"],
@@ -167,86 +178,71 @@ class OpenAIRouter:
             metrics=self.metrics,
             tap_layers=info.get("tap_layers"),
         )
-        options = DecodeOptions(max_new_tokens=max_tokens, sampling=sampling, spec=spec or SpecConfig(),
-                                stop_token_ids=stop_token_ids(self.tokenizer, chat), stop_strings=req.stop_strings,
-                                seed=req.seed)
         if spec is not None:
             # An adaptive decode takes the router's cost model, measured through the replicas by the first one.
+            limit = self._max_load(req)
             decoder = SpeculativeDecoder(self._drafter, verifier, decode=self._decode, costs=self.costs,
-                                         gate=self._gate(req))
+                                         gate=None if limit is None else (lambda session: session.load <= limit))
             stream = decoder.stream(prompt_ids, options)
         else:
             decoder, stream = None, stream_plain(verifier, prompt_ids, options, decode=self._decode)
-        run = _Run(self, stream, verifier, req, prompt_ids, chat, decoder)
-        if req.stream:
-            return run.sse()
-        return await run.complete()
 
-    def _gate(self, req):
-        """Speculation off while the session's verifier replica decodes more than ``speculation_max_load`` sessions
-        (under load, its compute is the bottleneck and a round's rejected nodes waste it); a request that names its
-        γ or K runs them as given."""
-        limit = self.options.speculation_max_load
-        if limit is None or req.gamma is not None or req.num_candidates is not None:
+        def done():
+            verifier.close()
+            if decoder is not None and self.costs is None:  # the first adaptive decode measured it
+                self.costs = decoder.costs
+
+        return await _Run(self, stream, req, prompt_ids, chat, spec is not None, done).respond()
+
+    def _max_load(self, req) -> int | None:
+        """Speculation off while the session's replica decodes more than ``speculation_max_load`` sessions (under
+        load, its compute is the bottleneck and a round's rejected nodes waste it); a request that names its γ or K
+        runs them as given."""
+        if req.gamma is not None or req.num_candidates is not None:
             return None
-        return lambda session: session.load <= limit
+        return self.options.speculation_max_load
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 class _Run:
-    """One request's decode: chunks from the worker thread, formatted as OpenAI JSON or SSE."""
+    """One request's decode: chunks from a worker thread, formatted as OpenAI JSON or SSE. ``done`` runs in that
+    thread when the decode ends (frees the sessions)."""
 
-    def __init__(self, router: OpenAIRouter, stream: DecodeStream, verifier, req, prompt_ids, chat,
-                 decoder: SpeculativeDecoder | None):
-        self.router, self.stream, self.verifier, self.req = router, stream, verifier, req
+    def __init__(self, router: OpenAIRouter, stream: DecodeStream, req, prompt_ids, chat, speculative: bool,
+                 done: Callable[[], None] | None = None):
+        self.router, self.stream, self.req, self.done = router, stream, req, done
         self.prompt_tokens = len(prompt_ids)
-        self.chat, self.speculative, self.decoder = chat, decoder is not None, decoder
+        self.chat, self.speculative = chat, speculative
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.text = TextStreamer(router._decode, req.stop_strings)
         self.endpoint = "chat" if chat else "completions"
 
-    async def chunks(self) -> AsyncIterator[list[int]]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        stop = threading.Event()
-        metrics = self.router.metrics
+    async def respond(self):
+        if self.req.stream:
+            return self.sse()
+        return await self.complete()
 
-        def put(item):
-            with contextlib.suppress(RuntimeError):  # the loop closed (replica shutting down)
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        def work():
-            stats, prev = self.stream.stats, (0, 0, 0)
-            try:
-                for chunk in self.stream:
-                    if self.speculative:  # one chunk per verifier call: its acceptance length
-                        now = (stats.verifier_calls, stats.emitted, stats.accepted)
-                        if now[0] - prev[0] == 1:
-                            metrics.acceptance_length(now[1] - prev[1])
-                        prev = now
-                    put(chunk)
-                    if stop.is_set():
-                        break
-            except BaseException as err:  # handed to the request task, which answers 500 or ends the stream
-                put(err)
-            finally:
-                self.stream.close()
-                self.verifier.close()
-                if self.decoder is not None and self.router.costs is None:  # the first adaptive decode measured it
-                    self.router.costs = self.decoder.costs
-                put(_DONE)
-
-        self.router.pool.submit(work)
+    def _produce(self):
+        """The decode's chunks (blocking; runs in a worker thread), with the per-round metrics."""
+        stats, prev, metrics = self.stream.stats, (0, 0, 0), self.router.metrics
         try:
-            while (item := await queue.get()) is not _DONE:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            for chunk in self.stream:
+                if self.speculative:  # one chunk per verifier call: its acceptance length
+                    now = (stats.verifier_calls, stats.emitted, stats.accepted)
+                    if now[0] - prev[0] == 1:
+                        metrics.acceptance_length(now[1] - prev[1])
+                    prev = now
+                yield chunk
         finally:
-            stop.set()
+            self.stream.close()
+            if self.done is not None:
+                self.done()
+
+    def chunks(self) -> AsyncIterator[list[int]]:
+        return iterate_in_thread(self._produce(), self.router.pool)
 
     def _finish_reason(self) -> str:
         return "stop" if self.stream.finish_reason == "stop" else "length"

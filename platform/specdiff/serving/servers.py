@@ -15,25 +15,35 @@ Each replica runs its half of a round where its probabilities live (``specdiff.r
   exact. A verifier with tap layers also returns the committed nodes' tapped features (from the scoring pass) and
   keeps every committed token's, so a drafter replica that lost a session can be given the whole prefix's rows
   again (``features``).
+- ``DecodeServer`` (``colocate=true``): both models on one replica, which runs whole decodes with the in-process
+  engine (``SpeculativeDecoder`` / ``stream_plain``, the same code and the same draws as a local decode) and streams
+  each round's tokens back: no call per round, so a served decode runs at the in-process speed. The router keeps
+  the stop strings and resumes a decode on another replica when its replica dies (``remote.remote_decode``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import AsyncIterator, Callable, Iterator, Sequence
 
 import torch
 
 from .. import rounds
-from ..config import SamplingParams, SpecConfig
+from ..config import DecodeOptions, SamplingParams, SpecConfig
 from ..drafter import Drafter
+from ..engine import SpeculativeDecoder, stream_plain
+from ..policy import SpeculationCosts
+from ..stats import DecodeStats
 from ..tree import TokenTree
 from ..verifier import HFVerifierSession, Verifier
+from .aio import iterate_in_thread
 from .wire import FeatureRows, NeedFeatures, NeedTokens, TokenSync, token_digest
 
 
@@ -391,3 +401,80 @@ class VerifierServer:
     def cache_stats(self) -> dict:
         with self._lock:
             return {**self.counts, "sessions": len(self._sessions), "bytes": sum(e.nbytes for e in self._sessions.values())}
+
+
+class DecodeServer:
+    """Verifier and drafter on one replica, whole decodes run here (``colocate=true``; docs/serve.md).
+
+    ``decode`` is an async generator over ``(tokens, stats)``: each round's emitted tokens and a snapshot of the
+    decode's ``DecodeStats``. It runs ``SpeculativeDecoder.stream`` (``speculative``) or ``stream_plain`` over the
+    local pair in a worker thread, one per decode in flight. The adaptive policy's cost model is measured by the
+    replica's first adaptive decode (in-process costs: no round trips to pay) and shared by its later ones.
+    ``max_load``: speculate only while at most that many decodes run on this replica (the router's
+    ``speculation_max_load``)."""
+
+    def __init__(self, pair: tuple[Verifier, Drafter] | Callable[[], tuple[Verifier, Drafter]], *,
+                 max_decodes: int = 256):
+        self.verifier, self.drafter = pair if isinstance(pair, tuple) else pair()
+        self._check(self.verifier, self.drafter)
+        self.pair: str | None = None
+        self.costs: SpeculationCosts | None = None
+        self._active = 0
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_decodes, thread_name_prefix="decode")
+
+    @staticmethod
+    def _check(verifier: Verifier, drafter: Drafter) -> None:
+        SpeculativeDecoder(drafter, verifier)  # raises ValueError on a vocabulary or tap-layer mismatch
+
+    def info(self) -> dict:
+        return {"vocab_size": self.verifier.vocab_size, "max_context": self.verifier.max_context, "pair": self.pair,
+                "tap_layers": getattr(self.verifier, "tap_layers", None), "colocated": True}
+
+    def swap(self, pair: tuple[Verifier, Drafter], label: str | None = None) -> None:
+        """Decode with a promoted pair from the next request on (decodes in flight finish on the old one); the
+        vocabulary is the router's contract and must not change. The cost model is measured again."""
+        verifier, drafter = pair
+        if verifier.vocab_size != self.verifier.vocab_size:
+            raise ValueError(f"verifier vocab_size must stay {self.verifier.vocab_size} across a swap, got "
+                             f"{verifier.vocab_size}")
+        self._check(verifier, drafter)
+        with self._lock:
+            self.verifier, self.drafter, self.pair, self.costs = verifier, drafter, label, None
+
+    def load(self) -> int:
+        """Decodes running on this replica now."""
+        return self._active
+
+    def stream(self, prompt: Sequence[int], options: DecodeOptions, speculative: bool = True,
+               max_load: int | None = None) -> Iterator[tuple[list[int], DecodeStats]]:
+        """The blocking decode behind ``decode``: ``(tokens, stats snapshot)`` per round."""
+        with self._lock:
+            verifier, drafter, costs = self.verifier, self.drafter, self.costs
+            self._active += 1
+        decoder = None
+        try:
+            if speculative:
+                gate = None if max_load is None else (lambda session: self.load() <= max_load)
+                decoder = SpeculativeDecoder(drafter, verifier, costs=costs, gate=gate)
+                stream = decoder.stream(prompt, options)
+            else:
+                stream = stream_plain(verifier, prompt, options)
+            try:
+                for tokens in stream:
+                    yield tokens, copy.deepcopy(stream.stats)
+            finally:
+                stream.close()
+        finally:
+            with self._lock:
+                self._active -= 1
+                if decoder is not None and decoder.costs is not None and self.costs is None \
+                        and self.verifier is verifier:
+                    self.costs = decoder.costs  # measured by this (the first adaptive) decode
+
+    async def decode(self, prompt: list[int], options: DecodeOptions, speculative: bool = True,
+                     max_load: int | None = None) -> AsyncIterator[tuple[list[int], DecodeStats]]:
+        """Stream a decode (``stream``) from a worker thread; a caller that goes away stops it after the round in
+        progress."""
+        async for item in iterate_in_thread(self.stream(prompt, options, speculative, max_load), self._pool):
+            yield item

@@ -1,0 +1,56 @@
+"""A blocking iterator consumed from asyncio: the engine's decode loops are synchronous, the Serve methods async."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from concurrent.futures import Executor
+from typing import AsyncIterator, Iterator, TypeVar
+
+T = TypeVar("T")
+_DONE = object()
+
+
+class _Failed:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+async def iterate_in_thread(iterator: Iterator[T], executor: Executor | None = None) -> AsyncIterator[T]:
+    """Run ``iterator`` in a worker thread of ``executor`` and yield its items here as they come. Its exception is
+    raised here. A consumer that stops early (``break``, ``aclose``, cancellation: a client that went away) stops
+    the worker after the item in progress; the iterator's ``close()`` (a generator's ``finally``) runs in the worker
+    in every case."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    stop = threading.Event()
+
+    def put(item) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed (replica shutting down)
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def work() -> None:
+        try:
+            for item in iterator:
+                put(item)
+                if stop.is_set():
+                    break
+        except BaseException as err:  # handed to the consumer
+            put(_Failed(err))
+        finally:
+            close = getattr(iterator, "close", None)
+            try:
+                if close is not None:
+                    close()
+            finally:
+                put(_DONE)
+
+    loop.run_in_executor(executor, work)
+    try:
+        while (item := await queue.get()) is not _DONE:
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        stop.set()

@@ -1,0 +1,212 @@
+"""``colocate=true``: one replica holds both models and runs whole decodes (``DecodeServer``), the router receives
+tokens. Plain-class tests of the server and of the router's side (``remote_decode``: stop strings, resume after a
+dead replica), then the Serve app end to end with the demo pair."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+import requests
+from ray import exceptions as ray_errors
+
+from serve_helpers import BASE, DEMO, MODEL, LocalReference, run_app
+from specdiff import DecodeOptions, SamplingParams, SpecConfig, SpeculativeDecoder
+from specdiff.serving.remote import remote_decode
+from specdiff.serving.servers import DecodeServer
+
+FIXED = SpecConfig(gamma=6, num_candidates=3)
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return LocalReference()
+
+
+@pytest.fixture(scope="module")
+def server(ref):
+    return DecodeServer((ref.verifier, ref.drafter), max_decodes=4)
+
+
+def _options(ref, **fields):
+    base = dict(max_new_tokens=40, sampling=SamplingParams(temperature=1.0), spec=FIXED, seed=3,
+                stop_token_ids=[ref.tokenizer.eos_token_id])
+    return DecodeOptions(**{**base, **fields})
+
+
+def _ids(ref, text):
+    return ref.tokenizer.encode(text, add_special_tokens=False)
+
+
+class _Stream:
+    """A streaming handle call over the server's blocking ``stream`` (what Serve's generator delivers); ``fail_after``
+    items, it raises as a dead replica's stream does."""
+
+    def __init__(self, items, fail_after=None):
+        self.items, self.fail_after, self.cancelled, self.sent = items, fail_after, False, 0
+
+    def __iter__(self):
+        for item in self.items:
+            if self.fail_after is not None and self.sent == self.fail_after:
+                self.items.close()
+                raise ray_errors.ActorDiedError()
+            self.sent += 1
+            yield item
+
+    def cancel(self):
+        self.cancelled = True
+        self.items.close()
+
+
+class StreamHandle:
+    def __init__(self, server, fails=()):
+        self.server, self.fails, self.calls = server, list(fails), []
+
+    def options(self, stream=False, **_):
+        assert stream
+        return self
+
+    @property
+    def decode(self):
+        handle = self
+
+        class _Method:
+            def remote(self, prompt, options, speculative, max_load):
+                handle.calls.append((list(prompt), options))
+                fail = handle.fails.pop(0) if handle.fails else None
+                call = _Stream(handle.server.stream(prompt, options, speculative, max_load), fail)
+                handle.last = call
+                return call
+
+        return _Method()
+
+
+def test_server_decode_equals_in_process(ref, server):
+    """The replica runs the in-process engine: same tokens and stats for a seeded T>0 decode at a fixed γ/K."""
+    prompt, options = _ids(ref, "The quick brown fox"), _options(ref)
+    want = SpeculativeDecoder(ref.drafter, ref.verifier).generate(prompt, options)
+    items = list(server.stream(prompt, options))
+    assert [t for chunk, _ in items for t in chunk][: len(want.tokens)] == want.tokens
+    assert items[-1][1].rounds == want.stats.rounds and items[-1][1].accepted == want.stats.accepted
+    assert server.load() == 0
+    # Guard: the seed matters, so equal tokens are not a coincidence.
+    other = SpeculativeDecoder(ref.drafter, ref.verifier).generate(prompt, options, seed=4)
+    assert other.tokens != want.tokens
+
+
+def test_async_decode_streams_and_stops_when_the_caller_leaves(ref, server):
+    prompt = _ids(ref, "Hello")
+
+    async def consume(n):
+        out, agen = [], server.decode(prompt, _options(ref, max_new_tokens=200, spec=SpecConfig(gamma=2,
+                                                                                            num_candidates=1)))
+        async for tokens, _ in agen:
+            out.append(tokens)
+            if len(out) == n:
+                await agen.aclose()
+                break
+        return out
+
+    assert len(asyncio.run(consume(2))) == 2
+    deadline = time.monotonic() + 10
+    while server.load() and time.monotonic() < deadline:  # the worker stops after its round in progress
+        time.sleep(0.01)
+    assert server.load() == 0
+
+
+def test_remote_decode_equals_in_process_and_resumes_after_a_dead_replica(ref, server):
+    prompt = _ids(ref, "Once upon a time")
+    options = _options(ref, sampling=SamplingParams(temperature=0.0), max_new_tokens=48)
+    want = SpeculativeDecoder(ref.drafter, ref.verifier).generate(prompt, options)
+    assert remote_decode(StreamHandle(server), prompt, options).run().tokens == want.tokens
+    handle = StreamHandle(server, fails=[3, 1])  # two replicas die mid-decode; the third finishes it
+    result = remote_decode(handle, prompt, options, retries=2).run()
+    assert result.tokens == want.tokens and result.finish_reason == want.finish_reason
+    assert len(handle.calls) == 3
+    resumed_prompt, resumed = handle.calls[1]
+    assert resumed_prompt[: len(prompt)] == prompt and len(resumed_prompt) > len(prompt)  # prompt + emitted
+    assert resumed.max_new_tokens == 48 - (len(resumed_prompt) - len(prompt))
+    assert result.stats.emitted >= len(want.tokens)  # the dead attempts' rounds are counted too
+    with pytest.raises(ray_errors.ActorDiedError):
+        remote_decode(StreamHandle(server, fails=[1, 1]), prompt, options, retries=1).run()
+
+
+def test_remote_decode_applies_stop_strings_here_and_cancels_the_replica(ref, server):
+    prompt = _ids(ref, "The quick brown fox")
+    options = _options(ref, sampling=SamplingParams(temperature=0.0), max_new_tokens=60)
+    full = SpeculativeDecoder(ref.drafter, ref.verifier).generate(prompt, options)
+    text = ref.decode(full.tokens)
+    stop = text[len(text) // 3: len(text) // 3 + 2]
+    assert stop.strip(), text
+    want = SpeculativeDecoder(ref.drafter, ref.verifier, decode=ref.decode).generate(prompt, options,
+                                                                                  stop_strings=(stop,))
+    handle = StreamHandle(server)
+    got = remote_decode(handle, prompt, DecodeOptions.merge(options, {"stop_strings": (stop,)}),
+                        decode=ref.decode).run()
+    assert got.tokens == want.tokens and got.finish_reason == "stop"
+    assert handle.calls[0][1].stop_strings == ()  # the replica decodes without them: it needs no tokenizer
+    assert handle.last.cancelled
+
+
+# -- the Serve app ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def app(serve_cluster):
+    from specdiff.serving.app import build_app
+
+    small = {"num_cpus": 0.5}
+    run_app(build_app({"models": DEMO, "colocate": True, "verifier": small, "router": small}), "colo", "/colo")
+    yield BASE + "/colo"
+    serve_cluster.delete("colo")
+
+
+def _post(url, body, **kw):
+    return requests.post(url + "/v1/completions", json={"model": MODEL, "max_tokens": 40, **body}, timeout=120, **kw)
+
+
+@pytest.mark.slow
+def test_served_equals_in_process(app, ref, serve_cluster):
+    from ray import serve
+
+    assert set(serve.status().applications["colo"].deployments) == {"Router", "Decoder"}
+    for prompt, temperature, seed in [("Hello", 0.0, 0), ("def f(x):", 1.0, 7)]:
+        out = _post(app, {"prompt": prompt, "temperature": temperature, "seed": seed, "gamma": 6,
+                          "num_candidates": 3}).json()
+        text, result = ref.complete(prompt, max_tokens=40, temperature=temperature, seed=seed, gamma=6, k=3)
+        assert out["choices"][0]["text"] == text
+        spec = out["usage"]["speculative"]
+        assert spec["rounds"] == result.stats.rounds and spec["accepted"] == result.stats.accepted
+    # streamed, chat-free plain request and the adaptive default (greedy: the verifier's own text)
+    body = {"prompt": "The quick brown fox", "temperature": 1.0, "seed": 5, "gamma": 8, "num_candidates": 4,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with _post(app, body, stream=True) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines()
+                  if line.startswith(b"data: ") and line != b"data: [DONE]"]
+    text, result = ref.complete("The quick brown fox", max_tokens=40, temperature=1.0, seed=5)
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == text
+    assert events[-1]["usage"]["completion_tokens"] == len(result.tokens)
+    out = _post(app, {"prompt": "1 2 3 4", "temperature": 1.0, "seed": 4, "speculative": False}).json()
+    assert out["choices"][0]["text"] == ref.complete("1 2 3 4", max_tokens=40, temperature=1.0, seed=4,
+                                                     speculative=False)[0]
+    out = _post(app, {"prompt": "Once upon a time", "temperature": 0.0}).json()
+    assert out["choices"][0]["text"] == ref.complete("Once upon a time", max_tokens=40, temperature=0.0, seed=0,
+                                                     speculative=False)[0]
+
+
+@pytest.mark.slow
+def test_client_leaving_stops_the_decode_on_the_replica(app, serve_cluster):
+    decoder = serve_cluster.get_deployment_handle("Decoder", app_name="colo")
+    body = {"prompt": "x" * 10, "max_tokens": 1000, "temperature": 0.0, "stream": True, "gamma": 8,
+            "num_candidates": 4}  # greedy runs past 300 tokens here (test_serve_app.test_long_prompt_really_runs_long)
+    response = _post(app, body, stream=True)
+    assert next(line for line in response.iter_lines() if line.startswith(b"data: "))
+    assert decoder.load.remote().result(timeout_s=30) == 1
+    response.close()
+    deadline = time.monotonic() + 60
+    while decoder.load.remote().result(timeout_s=30) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert decoder.load.remote().result(timeout_s=30) == 0
