@@ -3,6 +3,7 @@ speculation, printed as a Markdown table.
 
     python jobs/loadtest.py                       # starts a private Ray + Serve (demo models) on 127.0.0.1:8011
     python jobs/loadtest.py --app default --in-process   # the embedded default pair, and served vs in-process
+    python jobs/loadtest.py --app default --placement split   # separate Drafter + Verifier deployments
     python jobs/loadtest.py --url http://127.0.0.1:8000 --model my-model   # an app already running
 
 Requests leave γ and K to the app (its default: the adaptive policy) unless ``--gamma`` / ``--k`` are given.
@@ -161,7 +162,8 @@ def start_local(port: int, args):
     router = dict(small)
     if args.max_load is not None:  # "off": always speculate
         router["speculation_max_load"] = None if args.max_load == "off" else int(args.max_load)
-    app = build_app({"models": models, "drafter": small, "verifier": small, "router": router})
+    app = build_app({"models": models, "drafter": small, "verifier": small, "router": router,
+                     "colocate": {"auto": None, "colocated": True, "split": False}[args.placement]})
     done = threading.Event()
 
     def deploy():  # serve.run blocks forever if a deployment cannot be placed: wait with a deadline
@@ -197,6 +199,10 @@ def main(argv=None):
     p.add_argument("--max-load", default=None, metavar="N|off",
                    help="private app: router.speculation_max_load (speculation off above N sessions on a verifier "
                    "replica; off: always speculate; default: the app's)")
+    p.add_argument("--placement", choices=["auto", "colocated", "split"], default="auto",
+                   help="the private app's colocate setting: colocated (one deployment holds both models and runs "
+                   "whole decodes), split (Drafter + Verifier deployments), auto (the app's default: colocated for a "
+                   "feature drafter)")
     p.add_argument("--in-process", action="store_true",
                    help="compare each served completion at concurrency 1 with the same decode in this process")
     p.add_argument("--json", help="also write the rows to this JSON file")
@@ -208,6 +214,8 @@ def main(argv=None):
     url = args.url
     if args.in_process and url is not None:
         p.error("--in-process needs the private app (no --url): both sides must run the same pair")
+    if args.placement != "auto" and url is not None:
+        p.error("--placement configures the private app; an app at --url is served as it was deployed")
     if args.app == "default" and args.model == "specdiff-demo":
         args.model = "smollm2-135m-instruct"
     if args.prompt_set is None:
@@ -228,6 +236,7 @@ def main(argv=None):
     finally:
         if stop is not None:
             stop()
+    print(f"\napp placement: {args.placement}")
     if pairs:
         print_pairs(pairs)
     print(f"\nprompts={args.prompt_set} max_tokens={args.max_tokens} temperature={args.temperature} "

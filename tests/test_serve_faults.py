@@ -1,4 +1,5 @@
-"""Faults under load: a drafter replica killed, a verifier replica killed, a drafter slower than its timeout.
+"""Faults under load: a drafter replica killed, a verifier replica killed, a drafter slower than its timeout, a
+colocated decoder replica killed.
 Every request must still complete with the exact output (greedy, so it is checkable token for token)."""
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ def faults_app(serve_cluster):
 
 
 @pytest.fixture(scope="module")
+def colocated_app(serve_cluster):
+    from specdiff.serving.app import build_app
+
+    router = {**SMALL, "verifier_retries": 6, "gamma": 8, "num_candidates": 4}
+    run_app(build_app({"models": DEMO, "colocate": True, "verifier": TWO, "router": router}), "colofaults",
+            "/colofaults")
+    yield BASE + "/colofaults"
+    serve_cluster.delete("colofaults")
+
+
+@pytest.fixture(scope="module")
 def slow_app(serve_cluster):
     from specdiff.serving.app import build_app
 
@@ -71,13 +83,13 @@ def _wait_replicas(app: str, deployment: str, n: int, timeout_s: float = 180):
     raise TimeoutError(f"{app}/{deployment} not back to {n} healthy replicas: {status}")
 
 
-def _load_with_kill(url, ref, deployment, kill: int, n=24, max_tokens=32):
+def _load_with_kill(url, ref, deployment, kill: int, n=24, max_tokens=32, app="faults"):
     """n concurrent greedy streamed requests; once every one of them has streamed its first text (all decodes
     running: an event, not a fixed delay), ``kill`` replicas of ``deployment`` are killed. Returns usages."""
     import ray
 
-    _wait_replicas("faults", deployment, 2)
-    replicas = _replica_actors("faults", deployment)
+    _wait_replicas(app, deployment, 2)
+    replicas = _replica_actors(app, deployment)
     assert len(replicas) == 2, replicas
     jobs = [(f"fault test {i}", i) for i in range(n)]
     want = [ref.complete(p, max_tokens=max_tokens, temperature=0.0, seed=i)[0] for p, i in jobs]
@@ -151,6 +163,11 @@ def test_whole_drafter_pool_killed_falls_back(faults_app, ref):
     usage = _load_with_kill(faults_app, ref, "Drafter", kill=2)
     assert sum(u["fallbacks"] for u in usage) >= 1
     _wait_replicas("faults", "Drafter", 2)
+
+
+def test_killed_decoder_replica_under_load(colocated_app, ref):
+    # colocate=true: the decodes of the dead replica resume on the other one from the tokens already streamed.
+    _load_with_kill(colocated_app, ref, "Decoder", kill=1, n=32, app="colofaults")
 
 
 def test_slow_drafter_falls_back_to_verifier_only(slow_app, ref):

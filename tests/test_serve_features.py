@@ -210,7 +210,20 @@ def test_mismatched_feature_drafter_is_refused_at_deploy_time(tmp_path):
     with pytest.raises(ValueError, match=r"layers \[1, 3\] \(2 taps\).*only 2 layers"):
         build_app({"models": {"verifier": DEMO, "drafter": deeper}})
     fits = _save(tmp_path, "fits", demo_verifier_model(ModelSource(demo=True), 259), target_layer_ids=[0, 1])
-    build_app({"models": {"verifier": DEMO, "drafter": fits}})  # no error: the shapes fit
+    app = build_app({"models": {"verifier": DEMO, "drafter": fits}})  # no error: the shapes fit
+    # A feature drafter is served colocated unless told otherwise; a standalone drafter on its own deployment.
+    assert _model_deployments(app) == [None, "Decoder"]
+    assert _model_deployments(build_app({"models": {"verifier": DEMO, "drafter": fits}, "colocate": False})) == [
+        "Drafter", "Verifier"]
+    assert _model_deployments(build_app({"models": {"demo": True}})) == ["Drafter", "Verifier"]
+    assert _model_deployments(build_app({"models": {"demo": True}, "colocate": True})) == [None, "Decoder"]
+
+
+def _model_deployments(app) -> list:
+    """The Router's bound handles' deployment names (Ray's application graph; None: no such handle)."""
+    router = app._bound_deployment
+    assert router.name == "Router"
+    return [a._bound_deployment.name if a is not None else None for a in router.init_args[:2]]
 
 
 # -- the default model source --------------------------------------------------------------------------------------

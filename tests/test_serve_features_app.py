@@ -40,6 +40,7 @@ def app(serve_cluster, local):
         "drafter": {**SMALL, "max_sessions": 1},  # concurrent requests evict each other's draft caches
         "verifier": {**SMALL, "feature_dtype": "float32"},  # drafts bit-identical to the in-process decode's
         "router": {**SMALL, "gamma": GAMMA, "num_candidates": 3},
+        "colocate": False,  # separate Drafter and Verifier deployments (a feature drafter's default is colocated)
     }
     run_app(build_app(args), "features", "/features")
     yield BASE + "/features"
@@ -96,3 +97,34 @@ def test_evicted_draft_caches_are_rebuilt_exactly(app, local):
     while drafter_stats()["sessions"] and time.monotonic() < deadline:
         time.sleep(0.5)
     assert drafter_stats()["sessions"] == 0
+
+
+@pytest.fixture(scope="module")
+def colocated(serve_cluster, local):
+    from specdiff.serving.app import build_app
+
+    # No `colocate`: a feature drafter is served colocated by default.
+    args = {"models": {"verifier": "demo", "drafter": local["folder"]}, "verifier": SMALL,
+            "router": {**SMALL, "gamma": GAMMA, "num_candidates": 3}}
+    run_app(build_app(args), "features-colo", "/features-colo")
+    yield BASE + "/features-colo"
+    serve_cluster.delete("features-colo")
+
+
+def test_feature_drafter_is_served_colocated_by_default_and_exact(colocated, local):
+    from ray import serve
+
+    assert set(serve.status().applications["features-colo"].deployments) == {"Router", "Decoder"}
+    eos = [byte_tokenizer().eos_token_id]
+    spec = SpecConfig(gamma=GAMMA, num_candidates=3)
+    for prompt in FEATURE_PROMPTS[:2]:
+        greedy = generate_plain(local["verifier"], ids(prompt), max_new_tokens=40, stop_token_ids=eos)
+        body = complete(colocated, prompt, temperature=0.0)
+        assert body["choices"][0]["text"] == text(greedy.tokens)
+        assert body["usage"]["speculative"]["tau"] > 2.5
+        want = SpeculativeDecoder(local["drafter"], local["verifier"]).generate(
+            ids(prompt), max_new_tokens=40, sampling=SamplingParams(temperature=1.0), spec=spec, seed=9,
+            stop_token_ids=eos)
+        body = complete(colocated, prompt, temperature=1.0, seed=9)
+        assert body["choices"][0]["text"] == text(want.tokens)
+        assert body["usage"]["speculative"]["rounds"] == want.stats.rounds  # the same rounds, drawn the same way

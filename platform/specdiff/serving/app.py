@@ -7,8 +7,9 @@ Serve config YAML's ``import_path`` + ``args``.
                                                        on session id; drafter_pool)
                                  --handle--> Verifier (KV-cache sessions, consistent-hash on session id, verifier_pool)
 
-``colocate=true``: one deployment holds both models and runs whole decodes (``Decoder``: the in-process engine,
-tokens streamed to the router, no call per round); the Router is the same.
+Colocated (``colocate``: true, or by default for a feature drafter): one deployment holds both models and runs whole
+decodes (``Decoder``: the in-process engine, tokens streamed to the router, no call per round); the Router is the
+same.
 
 With no ``args`` it serves the embedded default pair (``models.demo=true``: the tiny random-init demo pair).
 """
@@ -30,7 +31,8 @@ from ray.serve.config import RequestRouterConfig
 from .config import AppConfig, DrafterOptions, ModelSource, RouterOptions, VerifierOptions
 from .metrics import ServeMetrics
 from ..models import DEFAULT_VERIFIER, resolve_model_path
-from .models import check_pair, load_drafter, load_pair, load_verifier, pair_label, resolve_default, resolve_pair
+from .models import (check_pair, feature_drafter_config, load_drafter, load_pair, load_verifier, pair_label,
+                     resolve_default, resolve_pair)
 from .protocol import ApiError
 from .router import OpenAIRouter
 from .servers import DecodeServer, DrafterServer, VerifierServer
@@ -218,13 +220,15 @@ def build_app(args: Optional[Union[Dict[str, Any], AppConfig]] = None) -> serve.
 
     Before anything is deployed: the default drafter is resolved (a ValueError says how to build it when it is
     missing), the embedded default verifier is converted from GGUF once (not by every replica at the same time), and
-    a feature drafter is checked against the verifier (hidden size, tapped layers, vocabulary)."""
+    a feature drafter is checked against the verifier (hidden size, tapped layers, vocabulary) and, unless
+    ``colocate`` says otherwise, served colocated."""
     cfg = args if isinstance(args, AppConfig) else AppConfig.from_args(args)
     models = resolve_default(cfg.models)
     if models.verifier == DEFAULT_VERIFIER:
         resolve_model_path(DEFAULT_VERIFIER)
     check_pair(models)
-    cfg = cfg.model_copy(update={"models": models})
+    colocate = cfg.colocate if cfg.colocate is not None else feature_drafter_config(models) is not None
+    cfg = cfg.model_copy(update={"models": models, "colocate": colocate})
     # A registry pair also reaches the model replicas as user_config: redeploying with another {"pair": ...} is a
     # Serve reconfigure (in place, no restart).
     follow = {"user_config": {"pair": cfg.models.pair}} if cfg.models.pair else {}

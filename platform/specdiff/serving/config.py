@@ -247,12 +247,15 @@ class AppConfig(_Strict):
     drafter: DrafterOptions = Field(default_factory=DrafterOptions)
     verifier: VerifierOptions = Field(default_factory=VerifierOptions)
     router: RouterOptions = Field(default_factory=lambda: RouterOptions(num_cpus=0.25))
-    colocate: bool = Field(
-        False,
+    colocate: bool | None = Field(
+        None,
         description="Drafter and verifier on the same replicas (deployment 'Decoder', sized by the `verifier` "
         "options), which run whole decodes with the in-process engine and stream tokens to the router: no call per "
         "round, so a served decode runs at the in-process speed. False: separate Drafter and Verifier deployments "
-        "(own pools, own autoscaling; two calls per speculative round). docs/serve.md compares them.",
+        "(own pools and autoscaling, two calls per speculative round: for a standalone drafter with weights of its "
+        "own, e.g. Dream-7B on its own GPUs). None (default): colocated for a feature drafter (it shares the "
+        "verifier's embeddings and LM head and reads its hidden states every round, as vLLM runs such drafters), "
+        "separate otherwise. docs/serve.md compares them.",
     )
     pools: bool = Field(
         False,
