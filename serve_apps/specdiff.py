@@ -1,8 +1,9 @@
 """``serve run serve_apps.specdiff:app [key=value ...]`` (from the repository root).
 
-With no arguments it serves the embedded default pair (SmolLM2-135M-Instruct and its built feature drafter);
+With no arguments it serves the embedded default pair (SmolLM2-135M-Instruct and its built feature drafter,
+colocated on one Decoder deployment; ``colocate=false``: separate Drafter and Verifier deployments);
 ``models.demo=true`` serves the tiny random-init demo pair the tests use; ``models.verifier`` / ``models.drafter``
-point at other weights. See docs/serve.md and specdiff.serving.config.AppConfig. vLLM instead of the split pools:
+point at other weights. See docs/serve.md and specdiff.serving.config.AppConfig. vLLM instead:
 ``serve_apps.specdiff_vllm:app``.
 """
 

@@ -67,6 +67,11 @@ def test_taps_come_from_the_scoring_pass(verifier_model):
     session = HFVerifier(verifier_model, tap_layers=(1,)).start([4, 8, 15, 16])
     assert torch.allclose(session.features, taps_of(verifier_model, [4, 8, 15], (1,)), atol=1e-5)
     assert HFVerifier(verifier_model).start([4, 8]).features is None  # no taps, no cost
+    tapped = HFVerifier(verifier_model, tap_layers=(1,))
+    plain = tapped.without_taps()  # what a colocated replica decodes plain requests with
+    assert plain.start([4, 8]).features is None and tapped.tap_layers == (1,) and plain.model is tapped.model
+    assert generate_plain(plain, [4, 8, 15], max_new_tokens=8).tokens == generate_plain(
+        tapped, [4, 8, 15], max_new_tokens=8).tokens
 
 
 def test_cached_context_equals_a_fresh_pass(verifier_model, drafter):

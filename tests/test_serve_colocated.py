@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
+import pickle
 import time
 
 import pytest
@@ -92,6 +92,8 @@ def test_server_decode_equals_in_process(ref, server):
     assert [t for chunk, _ in items for t in chunk][: len(want.tokens)] == want.tokens
     assert items[-1][1].rounds == want.stats.rounds and items[-1][1].accepted == want.stats.accepted
     assert server.load() == 0
+    # What travels per round (one streamed item): the round's tokens and the stats snapshot, well under 64 KB.
+    assert max(len(pickle.dumps(item)) for item in items) < 4096
     # Guard: the seed matters, so equal tokens are not a coincidence.
     other = SpeculativeDecoder(ref.drafter, ref.verifier).generate(prompt, options, seed=4)
     assert other.tokens != want.tokens

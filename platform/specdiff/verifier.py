@@ -9,6 +9,8 @@ rest, and makes ``next_token`` the new pending token, so the next round never re
 
 from __future__ import annotations
 
+import copy
+
 from typing import Protocol, Sequence
 
 import torch
@@ -81,6 +83,14 @@ class HFVerifier:
     @property
     def model(self) -> torch.nn.Module:
         return self.hf.model
+
+    def without_taps(self) -> HFVerifier:
+        """The same verifier keeping no features (plain decoding has no drafter to feed)."""
+        if self.tap_layers is None:
+            return self
+        view = copy.copy(self)
+        view.tap_layers = None
+        return view
 
     def start(self, prompt: Sequence[int]) -> HFVerifierSession:
         return HFVerifierSession(self, check_prompt(prompt, self.max_context, self.vocab_size))

@@ -458,8 +458,9 @@ class DecodeServer:
                 gate = None if max_load is None else (lambda session: self.load() <= max_load)
                 decoder = SpeculativeDecoder(drafter, verifier, costs=costs, gate=gate)
                 stream = decoder.stream(prompt, options)
-            else:
-                stream = stream_plain(verifier, prompt, options)
+            else:  # no drafter to feed: skip the taps
+                without_taps = getattr(verifier, "without_taps", None)
+                stream = stream_plain(without_taps() if without_taps else verifier, prompt, options)
             try:
                 for tokens in stream:
                     yield tokens, copy.deepcopy(stream.stats)
