@@ -202,10 +202,14 @@ def test_served_equals_in_process(app, ref, serve_cluster):
 @pytest.mark.slow
 def test_client_leaving_stops_the_decode_on_the_replica(app, serve_cluster):
     decoder = serve_cluster.get_deployment_handle("Decoder", app_name="colo")
-    body = {"prompt": "x" * 10, "max_tokens": 1000, "temperature": 0.0, "stream": True, "gamma": 8,
+    body = {"prompt": "x" * 10, "max_tokens": 4000, "temperature": 0.0, "stream": True, "gamma": 8,
             "num_candidates": 4}  # greedy runs past 300 tokens here (test_serve_app.test_long_prompt_really_runs_long)
     response = _post(app, body, stream=True)
-    assert next(line for line in response.iter_lines() if line.startswith(b"data: "))
+    lines = response.iter_lines()
+    assert next(line for line in lines if line.startswith(b"data: "))
+    deadline = time.monotonic() + 30  # the replica's decode is running (it streamed a round already)
+    while decoder.load.remote().result(timeout_s=30) != 1 and time.monotonic() < deadline:
+        next(lines)
     assert decoder.load.remote().result(timeout_s=30) == 1
     response.close()
     deadline = time.monotonic() + 60
