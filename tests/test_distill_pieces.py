@@ -114,6 +114,9 @@ def test_steps_that_fit_a_time_budget():
     assert steps_that_fit(100, 600, remaining_s=-5.0, step_s=1.5) == 101  # over budget: end after one more step
     assert steps_that_fit(100, 600, remaining_s=1.4, step_s=1.5) == 101
     assert steps_that_fit(100, 600, remaining_s=10.0, step_s=0.0) == 600  # no measurement yet: no change
+    # a fast machine re-plans at the recipe's last step with time to spare: the run ends there, finished (it planned
+    # step 601 of 600 and reported itself unfinished before)
+    assert steps_that_fit(600, 600, remaining_s=392.0, step_s=0.51) == 600
 
 
 @pytest.mark.parametrize("kind", ["streak", "ar_distill", "naive", "mdm"])

@@ -126,10 +126,10 @@ BUDGET_RESERVE_S = 10.0  # of a time budget, kept for the final checkpoint and d
 
 def steps_that_fit(step: int, steps: int, remaining_s: float, step_s: float) -> int:
     """The last step a run at ``step`` can reach in ``remaining_s`` seconds at ``step_s`` seconds a step: at least
-    one more step, at most ``steps``."""
+    one more step (none once ``steps`` is reached), at most ``steps``."""
     if not step_s > 0:
         return steps
-    return max(step + 1, min(steps, step + int(max(0.0, remaining_s) // step_s)))
+    return min(steps, max(step + 1, step + int(max(0.0, remaining_s) // step_s)))
 
 
 def _agree_min(value: int, world: int) -> int:
