@@ -45,6 +45,7 @@ FEATURE_ABLATIONS = ("decayed_ce", "ar_distill")  # of the feature drafter (same
 STEP = re.compile(r"\[distill\] step (\d+)/(\d+) loss (-?[0-9.]+)")
 EVAL = re.compile(r"\[distill\] eval step (\d+): expected streak ([0-9.]+)")
 TEACHER = re.compile(r"\[teacher\] (\d+) trajectories sampled")
+TEACHER_SKIP = re.compile(r"\[teacher\] time budget spent")
 FAMILY = "smollm2"  # the default pair's family in the registry: specdiff-verifier-smollm2, specdiff-drafter-smollm2
 QUICK_EVAL = ["eval.offsets=[0]", "teacher.max_new_tokens=12"]  # SPECDIFF_BUILD_QUICK's held-out test
 QUICK_SET = ["train.steps=3", "train.batch_size=2", "eval.every=3", "train.checkpoint_every=3",
@@ -77,14 +78,16 @@ def write_prompts(work: Path) -> tuple[Path, Path]:
     from specdiff.distill.teacher import sample_completions
     from specdiff.hf import HFModel
     from specdiff.models import load_causal_lm
-    from specdiff.prompts import DOMAINS, chat_prompt_ids, load_prompts
+    from specdiff.prompts import DOMAINS, chat_prompt_ids, load_prompts, training_prompts
 
     model, tokenizer = load_causal_lm(DEFAULT_VERIFIER, "auto")  # the dtype policy: float32 on a CPU without bf16
-    limits = {"train": {"code": None, "math": None, "chat": None}, "eval": {"code": 6, "math": 6, "chat": 4}}
-    if quick():
-        limits = {split: dict.fromkeys(DOMAINS, 2) for split in limits}
-    rows = {split: [{"domain": d, "prompt_ids": chat_prompt_ids(tokenizer, text)} for d in DOMAINS
-                    for text in load_prompts(d, split, limits[split][d])] for split in limits}
+    eval_limits = dict.fromkeys(DOMAINS, 2) if quick() else {"code": 6, "math": 6, "chat": 4}
+    evaluation = [(d, text) for d in DOMAINS for text in load_prompts(d, "eval", eval_limits[d])]
+    # Training prompts in priority order: a first run's teacher stops where its share of the time budget ends.
+    train = ([(d, text) for d in DOMAINS for text in load_prompts(d, "train", 2)] if quick()
+             else training_prompts())
+    rows = {split: [{"domain": d, "prompt_ids": chat_prompt_ids(tokenizer, text)} for d, text in pairs]
+            for split, pairs in (("train", train), ("eval", evaluation))}
     recipe = yaml.safe_load((CONFIGS / "smollm2-feature.yaml").read_text())
     new_tokens = 12 if quick() else recipe["teacher"]["max_new_tokens"]
     prompts = [r["prompt_ids"][-recipe["data"]["max_prompt_tokens"]:] for r in rows["eval"]]
@@ -135,6 +138,8 @@ def run_stage(label: str, config: Path, overrides: list[str], log: Path, teacher
                 bar.n = step
                 bar.set_postfix_str(f"loss {float(m.group(3)):.3f}")
                 bar.refresh()
+            elif TEACHER_SKIP.search(line):
+                bar.set_postfix_str(f"teacher: its share of the time budget spent, {sampled} trajectories sampled")
             elif m := TEACHER.search(line):
                 sampled += int(m.group(1))
                 teacher_began = teacher_began or began  # Ray's start-up counts: it is part of the wait
@@ -207,6 +212,19 @@ def publish(src: Path, dst: Path, record: dict) -> Path:
 
 FIRST_RUN_S = 15 * 60  # a fresh `python jobs/generate.py` (build, then its decode) should take at most this
 DECODE_RESERVE_S = 75  # of it: distill's start-up before its clock runs, then generate.py's load and two decodes
+# Of the distillation run's budget, the teacher's share (Ray's start included): a slower machine samples the
+# prompts that fit (training_prompts' priority order) and keeps the rest of its time for training steps. 2-core
+# figures: a Xeon with AMX samples all 900 in ~2.5 min (of ~5.8 min allowed); an AVX2-only EPYC sampled 93-110/min.
+TEACHER_SHARE = 0.45
+
+
+def sampled_trajectories(folder: Path) -> int:
+    """Rows in a trajectories parquet folder (0 if there is none)."""
+    import pyarrow.parquet as pq
+
+    if not folder.is_dir():
+        return 0
+    return sum(pq.read_metadata(f).num_rows for f in folder.glob("*.parquet"))
 
 
 def build_default(force: bool = False, budget_s: float | None = FIRST_RUN_S) -> Path:
@@ -221,22 +239,31 @@ def build_default(force: bool = False, budget_s: float | None = FIRST_RUN_S) -> 
     work.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     print(f"building the default drafter for {DEFAULT_VERIFIER} (once; logs in {work})", flush=True)
-    write_prompts(work)
+    prompts, _ = write_prompts(work)
     prompts_s = time.perf_counter() - began
+    wanted = sum(1 for line in prompts.open() if line.strip())
+    if force and budget_s is None and 0 < sampled_trajectories(work / "trajectories") < wanted:
+        print("the saved teacher trajectories are a time-budgeted subset: sampling all prompts again", flush=True)
+        shutil.rmtree(work / "trajectories")
     budget = []
     if budget_s and not quick():
-        left = budget_s - (time.perf_counter() - began) - DECODE_RESERVE_S
-        budget = [f"train.time_budget_s={max(60.0, left):.0f}"]
+        left = max(60.0, budget_s - (time.perf_counter() - began) - DECODE_RESERVE_S)
+        budget = [f"train.time_budget_s={left:.0f}", f"teacher.time_budget_s={TEACHER_SHARE * left:.0f}"]
     feature = distill("feature drafter: teacher + streak-distillation", "smollm2-feature.yaml", work, "feature",
                       budget)
     recipe_steps = yaml.safe_load((CONFIGS / "smollm2-feature.yaml").read_text())["train"]["steps"]
+    sampled = sampled_trajectories(work / "trajectories")
     record = {"recipe": ["jobs/configs/smollm2-feature.yaml"], "stages": {"feature": feature},
-              "prompts_s": round(prompts_s, 1), "wall_s": round(time.perf_counter() - began, 1)}
+              "prompts_s": round(prompts_s, 1), "wall_s": round(time.perf_counter() - began, 1),
+              "trajectories": sampled, "prompts": wanted}
     publish(work / "feature", target, record)
     print(f"default drafter ready in {record['wall_s'] / 60:.1f} min: {target}\n"
           f"  stage times: prompts + held-out trajectories {prompts_s:.0f} s, teacher + training "
           f"{feature['wall_s']:.0f} s\n  held-out expected streak {feature.get('initial_expected_streak') or 0:.3f} "
           f"-> {feature.get('expected_streak') or 0:.3f}", flush=True)
+    if budget and sampled < wanted:
+        print(f"  teacher: {sampled} of the {wanted} training prompts sampled within its share of the time budget",
+              flush=True)
     if budget and feature.get("step", recipe_steps) < recipe_steps:
         print(f"  trained {feature['step']} of the recipe's {recipe_steps} steps: what fitted the first run's "
               f"{budget_s / 60:.0f}-minute budget on this machine (the full recipe: python jobs/build_drafter.py "

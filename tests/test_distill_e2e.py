@@ -108,6 +108,21 @@ def trajectories(assets, ray_session, tmp_path_factory):
     return work / "trajectories"
 
 
+def test_teacher_time_budget_samples_the_first_batch_and_skips_the_rest(assets, ray_session, tmp_path):
+    # teacher.time_budget_s counts from the job's start: a job that started long ago has spent it, so the actor
+    # samples its first batch only and the parquet holds that batch (the skipped ones are empty blocks).
+    from specdiff.distill import load_config
+    from specdiff.distill.job import absolutize, training_trajectories
+    from specdiff.distill.teacher import verifier_record
+
+    cfg = absolutize(load_config(TINY, overrides(assets, tmp_path, "prompts_small.jsonl") + [
+        f"teacher.save_to={tmp_path / 'trajectories'}", "teacher.time_budget_s=1"]))
+    ds = training_trajectories(cfg, verifier_record(cfg.verifier.path), began=time.time() - 3600)
+    total = sum(1 for line in (assets / "prompts_small.jsonl").open() if line.strip())
+    assert ds.count() == cfg.teacher.batch_size < total
+    assert len(ds.take(1)[0]["completion_ids"]) == cfg.teacher.max_new_tokens
+
+
 def short_run(assets, work, trajectories, *extra):
     from specdiff.distill import load_config, run
 

@@ -271,3 +271,27 @@ def test_pretrained_drafter_keeps_its_attention_unless_the_config_sets_it(tmp_pa
     off = build_drafter(parse_config(base_config(drafter={**pretrained, "causal_prefix": False})), verifier_model)
     assert off.config.causal_prefix is False
     assert build_drafter(parse_config(base_config()), verifier_model).config.causal_prefix is False
+
+
+def test_teacher_past_its_deadline_returns_empty_batches_of_the_same_schema(tmp_path):
+    """teacher.time_budget_s: the actor samples no more once the deadline has passed, but always one batch first
+    (so the job has data and the empty batches have the sampled ones' schema)."""
+    import time
+    from dataclasses import asdict
+
+    import pyarrow as pa
+
+    from specdiff.distill.teacher import TeacherSampler
+
+    tiny_llama(V, seed=0).save_pretrained(tmp_path / "v")
+    sampler = TeacherSampler(verifier=verifier_record(tmp_path / "v").to_dict(), dtype="float32",
+                             sampling=asdict(SamplingParams(temperature=0.0)), max_new_tokens=4, logprobs_k=2,
+                             max_prompt_tokens=16, seed=0, taps=[1], deadline=time.time() - 1.0)
+    table = pa.table({"prompt_ids": pa.array(PROMPTS, type=pa.list_(pa.int32()))})
+    first = sampler(table)  # past the deadline already: the first batch is still sampled
+    assert first.num_rows == 3 and len(first.column("completion_ids")[0]) == 4
+    second = sampler(table)
+    assert second.num_rows == 0 and second.schema == first.schema
+    assert (sampler.sampled, sampler.skipped) == (3, 3)
+    sampler.deadline = time.time() + 60.0
+    assert sampler(table).num_rows == 3 and sampler.sampled == 6

@@ -37,3 +37,21 @@ def test_training_splits_hold_the_extra_prompts():
         assert ast.get_docstring(fn) and ">>>" in stub and len(fn.body) == 2  # docstring, pass
         assert f"def {fn.name}(" not in " ".join(load_prompts("code", "eval"))
     assert all(q.lower() not in evaluation for q in CHAT_QUESTIONS)
+
+
+def test_training_prompts_come_in_priority_order():
+    """A time-budgeted teacher samples a prefix of this list: the sets the recipe was first measured on come first,
+    and any prefix keeps each domain's share."""
+    from collections import Counter
+
+    from specdiff.prompts import training_prompts
+
+    ordered = training_prompts()
+    everything = [(d, p) for d in DOMAINS for p in load_prompts(d, "train")]
+    assert sorted(ordered) == sorted(everything)  # the same prompts (math draws one problem twice)
+    core = Counter(d for d, _ in ordered[:560])
+    assert core == {"code": 124, "math": 400, "chat": 36}
+    assert {p for d, p in ordered[:560] if d == "chat"} == set(load_prompts("chat", "train", 36))
+    head = Counter(d for d, _ in ordered[:280])  # half the core: half of each domain's
+    assert all(abs(head[d] - core[d] / 2) <= 1 for d in DOMAINS)
+    assert training_prompts(10) == ordered[:10]

@@ -90,6 +90,10 @@ class TeacherSection(Section):
                                                   "hf (faster on a 2-core CPU: docs/distill.md).")
     save_to: str | None = Field(None, description="Also write the trajectories to this parquet folder (then "
                                 "training reads them back instead of streaming).")
+    time_budget_s: float | None = Field(None, gt=0, description="Sample no more once this many seconds have passed "
+                                        "since the job started: the prompts not reached by then are skipped (so "
+                                        "list them in priority order), after at least one batch per actor. "
+                                        "jobs/build_drafter.py sets it from its time budget. None: every prompt.")
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)

@@ -102,7 +102,7 @@ def run(cfg: DistillConfig) -> DistillSummary:
         heldout = teacher_dataset(heldout_ds, record, cfg).take_all()
     prefixes = heldout_prefixes(heldout, cfg.eval.offsets)
     print(f"[distill] teacher: {len(heldout)} held-out trajectories -> {len(prefixes)} eval windows", flush=True)
-    train_ds = training_trajectories(cfg, record)
+    train_ds = training_trajectories(cfg, record, began)
     vocabulary = feature_vocabulary(cfg, train_ds)
 
     t = cfg.train
@@ -136,8 +136,9 @@ def materialized(cfg: DistillConfig) -> bool:
     return bool(cfg.data.trajectories or cfg.teacher.save_to)
 
 
-def training_trajectories(cfg: DistillConfig, record: VerifierRecord):
-    """Streamed teacher output, or parquet trajectories (reused, or written first when teacher.save_to is set)."""
+def training_trajectories(cfg: DistillConfig, record: VerifierRecord, began: float | None = None):
+    """Streamed teacher output, or parquet trajectories (reused, or written first when teacher.save_to is set).
+    ``began``: the job's start (``time.time()``), which ``teacher.time_budget_s`` counts from."""
     taps = cfg.drafter.target_layer_ids if is_feature(cfg) else None
     if cfg.data.trajectories:
         print(f"[distill] reusing trajectories from {cfg.data.trajectories}", flush=True)
@@ -151,8 +152,10 @@ def training_trajectories(cfg: DistillConfig, record: VerifierRecord):
                 raise ValueError(f"data.trajectories {cfg.data.trajectories!r} hold the states of verifier layers "
                                  f"{stored}, but drafter.target_layer_ids is {list(taps)}")
         return cached(ds, cfg.data.trajectories)
+    budget = cfg.teacher.time_budget_s
+    deadline = (began if began is not None else time.time()) + budget if budget else None
     ds = teacher_dataset(read_records(cfg.data.prompts, cfg.data.read_cpus), record, cfg, taps,
-                         whole_batches=materialized(cfg))
+                         whole_batches=materialized(cfg), deadline=deadline)
     if cfg.teacher.save_to:
         save_to = cfg.teacher.save_to
         if "://" in save_to:  # remote storage: written in place

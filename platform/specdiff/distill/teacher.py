@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -170,17 +171,20 @@ class TeacherSampler:
     """Ray Data callable class: a batch of prompts (pyarrow) -> a batch of trajectory records (pyarrow).
 
     The verifier is loaded once per actor. Each actor draws from its own generator (seed + actor id), so actors
-    and epochs get fresh samples.
+    and epochs get fresh samples. Past ``deadline`` (wall clock, ``time.time()``) an actor samples no more: the
+    remaining batches come back empty (after at least one sampled batch), so a time-budgeted job trains on the
+    prompts that came first.
     """
 
     engine = "hf"
 
     def __init__(self, verifier: dict, dtype: str, sampling: dict, max_new_tokens: int, logprobs_k: int,
-                 max_prompt_tokens: int, seed: int, taps: list[int] | None = None):
-        self._setup(verifier, sampling, max_new_tokens, logprobs_k, max_prompt_tokens, seed, taps)
+                 max_prompt_tokens: int, seed: int, taps: list[int] | None = None, deadline: float | None = None):
+        self._setup(verifier, sampling, max_new_tokens, logprobs_k, max_prompt_tokens, seed, taps, deadline)
         self.hf = HFModel(load_verifier_model(self.record.path, dtype))
 
-    def _setup(self, verifier, sampling, max_new_tokens, logprobs_k, max_prompt_tokens, seed, taps) -> None:
+    def _setup(self, verifier, sampling, max_new_tokens, logprobs_k, max_prompt_tokens, seed, taps,
+               deadline=None) -> None:
         keep_freed_memory()  # batched passes allocate the same large blocks batch after batch
         self.taps = tuple(taps) if taps else None  # a feature drafter's context: kept from the same passes
         self.record = VerifierRecord(**verifier)
@@ -190,6 +194,7 @@ class TeacherSampler:
         self.max_prompt_tokens = max_prompt_tokens
         self.tokenizer = None
         self.sampled = 0
+        self.deadline, self.skipped, self.empty = deadline, 0, None  # empty: the output schema, zero rows
         actor = _actor_id()
         self.generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(actor.encode()))
 
@@ -212,6 +217,12 @@ class TeacherSampler:
     def __call__(self, table):
         import pyarrow as pa
 
+        if self.empty is not None and self.deadline is not None and time.time() > self.deadline:
+            if not self.skipped:  # one line, not one a batch
+                print(f"[teacher] time budget spent: prompts skipped from here on ({self.sampled} sampled by this "
+                      "actor)", flush=True)
+            self.skipped += table.num_rows
+            return self.empty
         prompts = self._prompt_ids(table)
         completions, top_ids, top_lp, features, targets = self._sample(prompts)
         n = len(prompts)
@@ -225,7 +236,7 @@ class TeacherSampler:
             extra["features"] = pa.array([encode_features(f) for f in features], type=pa.binary())
             extra["feature_layers"] = pa.array([json.dumps(list(self.taps))] * n)  # which layers they are
             extra["prompt_targets"] = pa.array([t.tolist() for t in targets], type=pa.list_(pa.int32()))
-        return pa.table({**extra,
+        out = pa.table({**extra,
             "prompt_ids": pa.array(prompts, type=pa.list_(pa.int32())),
             "completion_ids": pa.array(completions, type=pa.list_(pa.int32())),
             "topk_ids": pa.array(top_ids, type=pa.list_(pa.list_(pa.int32()))),
@@ -235,6 +246,8 @@ class TeacherSampler:
             "verifier_digest": pa.array([self.record.digest] * n),
             "sampling": pa.array([json.dumps(asdict(self.sampling), sort_keys=True)] * n),
         })
+        self.empty = out.schema.empty_table()
+        return out
 
     def _sample(self, prompts: list[list[int]]):
         """-> completions [B][N], top-k ids [B][N][k], top-k log p [B][N][k] (lists), and with taps the features
@@ -266,11 +279,11 @@ def read_records(path: str, num_cpus: float):
 
 
 def teacher_dataset(prompts, verifier: VerifierRecord, cfg, taps: list[int] | None = None, *,
-                    whole_batches: bool = True) -> object:
+                    whole_batches: bool = True, deadline: float | None = None) -> object:
     """prompts (a Ray dataset) -> trajectory records, sampled on an actor pool holding the verifier.
 
     ``cfg``: the job's DistillConfig (teacher, data and verifier sections are read). ``taps``: also record those
-    verifier layers' states (a ``features`` column, for a feature drafter)."""
+    verifier layers' states (a ``features`` column, for a feature drafter). ``deadline``: see ``TeacherSampler``."""
     import ray.data
 
     t = cfg.teacher
@@ -293,6 +306,7 @@ def teacher_dataset(prompts, verifier: VerifierRecord, cfg, taps: list[int] | No
             "max_prompt_tokens": cfg.data.max_prompt_tokens,
             "seed": cfg.run.seed,
             "taps": taps,
+            "deadline": deadline,
         },
         batch_size=t.batch_size,
         batch_format="pyarrow",
