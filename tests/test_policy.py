@@ -59,6 +59,20 @@ def test_plain_detects_a_drafter_that_becomes_good():
     assert later[-20:].count(PLAIN) == 0
 
 
+@pytest.mark.parametrize("prior_weight, plain_next", [(1.0, True), (None, False)])  # None: the default
+def test_one_failed_first_round_does_not_send_a_drafter_plain(prior_weight, plain_next):
+    # The first round of a decode is often at the answer's hardest token: with the prior weighing as one round, a
+    # single miss made every position's estimate 0.25 and the policy went plain (and its probes spaced out); the
+    # default weight (3 rounds) keeps speculating, and the drafter's next rounds decide.
+    weight = {} if prior_weight is None else {"prior_weight": prior_weight}
+    policy = SpeculationPolicy.from_spec(SpecConfig(), COSTS, **weight)
+    g, k = policy.choose()
+    policy.observe(g, k, 0, g * k)
+    assert (policy.choose() == PLAIN) == plain_next
+    if not plain_next:
+        assert run(policy, 30, lambda g, k: g)[-1][0] == 8  # it was a good drafter after all
+
+
 def test_no_observation_and_expensive_drafter_means_plain():
     slow = SpeculationCosts.affine(draft_s=1.0, base_s=0.049, per_node_s=0.001)
     assert SpeculationPolicy.from_spec(SpecConfig(), slow).choose() == PLAIN
@@ -76,7 +90,8 @@ def test_explicit_values_bound_the_menu():
 
 
 def test_a_round_with_more_candidates_teaches_the_smaller_ks():
-    policy = SpeculationPolicy(COSTS, gammas=range(1, 5), ks=[1, 2, 4], allow_plain=True)
+    # A light prior (one round's weight): the assertions are about what the rounds teach.
+    policy = SpeculationPolicy(COSTS, gammas=range(1, 5), ks=[1, 2, 4], allow_plain=True, prior_weight=1.0)
     candidates = torch.tensor([[1, 2, 3, 4], [1, 5, 6, 7], [8, 9, 9, 9], [8, 9, 9, 8]])
     # T=0: row 0 (the argmax window) keeps 1 token, row 1 all 4, rows 2-3 none.
     streaks = torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]])
@@ -117,7 +132,7 @@ def test_greedy_rounds_report_each_rows_chance_of_keeping_its_tokens(verifier_mo
 @pytest.mark.parametrize("min_gain, expected", [(1.1, PLAIN), (1.0, (1, 1))])
 def test_speculation_must_beat_plain_by_a_margin(min_gain, expected):
     # One drafted token accepted 28% of the time: (1 + 0.28) tokens per 61 ms against 1 per 50 ms, 1.05x plain.
-    policy = SpeculationPolicy(COSTS, gammas=[1], ks=[1], allow_plain=True, min_gain=min_gain)
+    policy = SpeculationPolicy(COSTS, gammas=[1], ks=[1], allow_plain=True, min_gain=min_gain, prior_weight=1.0)
     for _ in range(100):
         policy.observe(1, 1, 0, 1, candidates=torch.tensor([[5]]), streak_probs=torch.tensor([[0.28]]))
     assert policy.alphas()[1][0] == pytest.approx(0.28, abs=0.02)  # the prior still weighs a little

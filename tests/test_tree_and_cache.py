@@ -116,6 +116,20 @@ def test_target_probs_matches_hf_warpers():
         torch.testing.assert_close(target_probs(logits, SamplingParams(temperature=t, top_k=k, top_p=p)), scores.softmax(-1))
 
 
+def test_a_one_point_distribution_is_its_token_without_a_draw():
+    from specdiff.sampling import sample
+
+    gen = torch.Generator().manual_seed(0)
+    point = torch.zeros(1000)
+    point[417] = 1.0
+    before = gen.get_state()
+    assert sample(point, gen).tolist() == [417] and sample(point[None], gen).shape == (1, 1)
+    assert torch.equal(gen.get_state(), before)  # T=0 steps skip multinomial's draw over the whole vocabulary
+    assert sample(point, gen, 3).tolist() == [417] * 3
+    spread = torch.full((1000,), 1e-3)
+    assert 0 <= int(sample(spread, gen)) < 1000 and not torch.equal(gen.get_state(), before)
+
+
 def test_candidates_start_with_the_argmax_window_when_asked():
     from specdiff.selection import sample_candidates
 
