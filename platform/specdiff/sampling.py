@@ -19,7 +19,7 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """
     logits = logits.float()
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)  # one-hot, no int64 copy
     scores = logits / params.temperature
     if params.top_k > 0 and params.top_k < scores.shape[-1]:
         # TopKLogitsWarper: keep every token whose score reaches the k-th largest.
