@@ -231,3 +231,40 @@ def test_an_unwritable_cost_folder_only_means_measuring_again(verifier_model, tm
                                  HFVerifier(verifier_model), costs_cache=blocker / "costs")
     assert decoder.generate(PROMPTS[0], max_new_tokens=4, seed=0).stats.emitted >= 4
     assert decoder.costs_measured is True and not (blocker / "costs").exists()
+
+
+def test_a_one_candidate_round_is_priced_without_the_draws():
+    costs = SpeculationCosts(0.004, ((1, 0.033), (13, 0.044)), sample_s=0.004)
+    assert costs.draft(1) == 0.004 and costs.draft(4) == 0.008
+    assert SpeculationCosts.from_dict(costs.to_dict()) == costs
+    assert SpeculationCosts.from_dict({"draft_s": 0.004, "verify_s": [[1, 0.033]]}).sample_s == 0.0
+    with pytest.raises(ValueError, match="sample_s"):
+        SpeculationCosts(0.004, ((1, 0.033),), sample_s=-1.0)
+    policy = SpeculationPolicy(costs, gammas=[8], ks=[1, 2], allow_plain=False)
+    rates = policy.rates()  # K=2 assumed no better than K=1 until its rounds show it: its draws make it dearer
+    assert rates[(8, 1)] > rates[(8, 2)]
+    assert rates[(8, 1)] == pytest.approx(sum(0.5 ** j for j in range(9)) / (0.004 + costs.verify(9)))
+
+
+def test_calibration_times_the_argmax_window_and_the_draws_apart(verifier_model):
+    # A served drafter whose drawn candidates cost 20 ms more than its argmax window (what tempering and drawing
+    # over a large vocabulary cost): the K=1 price must not include them.
+    import time as _time
+
+    from specdiff.policy import calibrate
+
+    class Served:
+        vocab_size = 64
+
+        def __init__(self):
+            self.ks = []
+
+        def draft(self, prefix, spec, seed, features=None):
+            self.ks.append(spec.num_candidates)
+            _time.sleep(0.001 if spec.num_candidates == 1 else 0.021)
+            return R.Draft(torch.arange(spec.num_candidates * spec.gamma).view(spec.num_candidates, spec.gamma) % 64)
+
+    drafter = Served()
+    costs = calibrate(drafter, HFVerifier(verifier_model), [3, 17, 9, 41], 4, 4, repeats=3)
+    assert sorted(set(drafter.ks)) == [1, 4]
+    assert costs.draft_s < 0.015 and 0.01 < costs.sample_s < 0.05

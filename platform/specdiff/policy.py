@@ -40,30 +40,34 @@ from . import machine_cache
 from . import rounds as R
 from .config import SamplingParams, SpecConfig
 from .drafter import DrafterUnavailable
-from .selection import sample_candidates
 
 PLAIN = (0, 0)  # the policy's "take a plain step" choice: window 0
-CALIBRATION_VERSION = 1  # bump when ``calibrate`` measures something else: kept cost models are then measured again
+CALIBRATION_VERSION = 2  # bump when ``calibrate`` measures something else: kept cost models are then measured again
 
 
 @dataclass(frozen=True)
 class SpeculationCosts:
     """Fixed cost model. ``verify_s``: (trie nodes including the root, seconds per verifier pass) points, sorted
     by nodes, interpolated piecewise-linearly (CPU forwards are far from affine at small sizes: one row runs as a
-    matrix-vector product, a few rows as a matrix product). ``draft_s``: one drafter call plus candidate
-    sampling."""
+    matrix-vector product, a few rows as a matrix product). ``draft_s``: one drafter call with its argmax window
+    (K=1) and the copied candidate's search; ``sample_s``: what a round with drawn candidates (K > 1) adds to it
+    (tempering the marginals over the vocabulary, the draws). Measured together before, a K=1 round was priced with
+    K=4's draws: 7-9 ms where the bench's K=1 rounds spent 4 ms drafting (2-core Xeon, bf16), so the policy saw
+    speculation dearer than it was (replayed held-out rounds: math 1.94x -> 2.03x plain with the K=1 price)."""
 
     draft_s: float
     verify_s: tuple[tuple[int, float], ...]
+    sample_s: float = 0.0
 
     def __post_init__(self) -> None:
         nodes = [n for n, _ in self.verify_s]
         if not self.verify_s or nodes != sorted(set(nodes)) or nodes[0] != 1:
             raise ValueError(f"verify_s must be (nodes, seconds) points with distinct increasing nodes starting at 1, "
                              f"got {self.verify_s!r}")
-        if any(not (s > 0 and math.isfinite(s)) for _, s in self.verify_s) or not self.draft_s >= 0:
+        if (any(not (s > 0 and math.isfinite(s)) for _, s in self.verify_s) or not self.draft_s >= 0
+                or not (self.sample_s >= 0 and math.isfinite(self.sample_s))):
             raise ValueError(f"costs must be finite and positive, got draft_s={self.draft_s!r}, "
-                             f"verify_s={self.verify_s!r}")
+                             f"sample_s={self.sample_s!r}, verify_s={self.verify_s!r}")
 
     @classmethod
     def affine(cls, draft_s: float, base_s: float, per_node_s: float) -> SpeculationCosts:
@@ -71,11 +75,16 @@ class SpeculationCosts:
         return cls(draft_s, ((1, base_s + per_node_s), (2, base_s + 2 * per_node_s)))
 
     def to_dict(self) -> dict:
-        return {"draft_s": self.draft_s, "verify_s": [list(p) for p in self.verify_s]}
+        return {"draft_s": self.draft_s, "sample_s": self.sample_s, "verify_s": [list(p) for p in self.verify_s]}
 
     @classmethod
     def from_dict(cls, value: dict) -> SpeculationCosts:
-        return cls(float(value["draft_s"]), tuple((int(n), float(s)) for n, s in value["verify_s"]))
+        return cls(float(value["draft_s"]), tuple((int(n), float(s)) for n, s in value["verify_s"]),
+                   float(value.get("sample_s", 0.0)))
+
+    def draft(self, k: int) -> float:
+        """Seconds of drafting a round with ``k`` candidates."""
+        return self.draft_s + (self.sample_s if k > 1 else 0.0)
 
     @property
     def plain_s(self) -> float:
@@ -109,8 +118,8 @@ def calibrate(drafter, verifier, prompt: Sequence[int], max_gamma: int, max_cand
               repeats: int = 3) -> SpeculationCosts:
     """Time whole verifying halves (``rounds.verify``: trie, pass, softmax at every node, selection, acceptance,
     commit) over the trie sizes of ``calibration_sizes`` on a throwaway session of ``prompt``, and the drafter's call
-    at γ_max with candidate sampling and the copied candidate's search (after a warm-up each; medians). Draws from no
-    shared generator.
+    at γ_max with the copied candidate's search, drafting one candidate (the argmax window) and ``max_candidates``
+    (the draws' price: ``sample_s``) (after a warm-up each; medians). Draws from no shared generator.
 
     The sizes are timed round-robin (1, 2, 5, 9, 13, 33, 1, 2, ...), so a noisy stretch of a shared machine hits them
     alike: measured sequentially, 3 repeats each, four calibrations in a row on a 2-core VM put the 9-node pass at
@@ -150,33 +159,36 @@ def calibrate(drafter, verifier, prompt: Sequence[int], max_gamma: int, max_cand
             rounds.step(sampling, seed) if draft is None else rounds.verify(draft, sampling, spec, seed)
             times[nodes].append(time.perf_counter() - t0)
     points = [(n, statistics.median(times[n][1:])) for n in sizes]  # the first round warms up
-    draft = []
     prefix = list(session.tokens)
     features = getattr(drafter, "needs_features", False)  # a feature drafter reads the session's tapped states
     served = hasattr(drafter, "draft")  # a served drafter samples its candidates on its replica
-    round_spec = replace(spec, gamma=max_gamma, num_candidates=max_candidates)
+    ks = sorted({1, max_candidates})  # K=1 drafts the argmax window; more candidates add the draws
+    draft: dict[int, list[float]] = {k: [] for k in ks}
     gen = torch.Generator().manual_seed(0)
     try:
         for i in range(repeats + 1):  # growing prefix, as in decoding (a prefix-caching drafter runs the new part)
-            t0 = time.perf_counter()
-            if served:  # the call a served round makes (the session's rows travel once, then none are new)
-                p = prefix
-                d = drafter.draft(p, round_spec, i, session.features if features else None)
-            else:
-                p = prefix[: len(prefix) - repeats + i]
-                if features:
-                    marginals = drafter.propose(p, max_gamma, session.features[: len(p) - 1])
+            for k in ks:  # interleaved: a noisy stretch hits both alike
+                round_spec = replace(spec, gamma=max_gamma, num_candidates=k)
+                t0 = time.perf_counter()
+                if served:  # the call a served round makes (the session's rows travel once, then none are new)
+                    p = prefix
+                    d = drafter.draft(p, round_spec, i, session.features if features else None)
                 else:
-                    marginals = drafter.propose(p, max_gamma)
-                d = R.Draft(sample_candidates(marginals, max_candidates, 1.0, gen)[0])
-            R.with_lookup(d, p, spec)  # the copied candidate's search is part of drafting
-            draft.append(time.perf_counter() - t0)
-        draft_s = statistics.median(draft[1:])
+                    p = prefix[: len(prefix) - repeats + i]
+                    if features:
+                        marginals = drafter.propose(p, max_gamma, session.features[: len(p) - 1])
+                    else:
+                        marginals = drafter.propose(p, max_gamma)
+                    d = R.draft(marginals, round_spec, gen)
+                R.with_lookup(d, p, spec)  # the copied candidate's search is part of drafting
+                draft[k].append(time.perf_counter() - t0)
+        draft_s = statistics.median(draft[1][1:])
+        sample_s = max(statistics.median(draft[ks[-1]][1:]) - draft_s, 0.0)
     except DrafterUnavailable:
-        draft_s = points[0][1]  # unknown: assume a drafter call costs a plain step
+        draft_s, sample_s = points[0][1], 0.0  # unknown: assume a drafter call costs a plain step
     for i in range(1, len(points)):  # timing noise must not make a bigger tree look cheaper
         points[i] = (points[i][0], max(points[i][1], points[i - 1][1]))
-    return SpeculationCosts(draft_s, tuple(points))
+    return SpeculationCosts(draft_s, tuple(points), sample_s)
 
 
 def costs_key(drafter, verifier, max_gamma: int, max_candidates: int) -> str:
@@ -269,7 +281,7 @@ class SpeculationPolicy:
         self._rounds = {k: 0 for k in self.ks}
         self.probe = (min(probe_gamma, size) if min(probe_gamma, size) in self.gammas else self.gammas[0], self.ks[0])
         g, k = self.probe
-        extra = costs.draft_s + costs.verify(1 + g * k) - costs.plain_s  # what a failed probe costs over a plain step
+        extra = costs.draft(k) + costs.verify(1 + g * k) - costs.plain_s  # what a failed probe costs over a plain step
         self._base_interval = max(min_probe_interval, math.ceil(extra / (probe_budget * costs.plain_s)))
         self._max_interval = max_probe_interval
         self._fails = 0  # probes in a row after which plain still won
@@ -318,7 +330,7 @@ class SpeculationPolicy:
                 expected += streak
                 if g in self.gammas:
                     nodes = 1 + g * k * self._share[k]
-                    out[(g, k)] = expected / (self.costs.draft_s + self.costs.verify(nodes))
+                    out[(g, k)] = expected / (self.costs.draft(k) + self.costs.verify(nodes))
         return out
 
     def choose(self) -> tuple[int, int]:

@@ -6,7 +6,7 @@ matches greedy decoding. So ``record`` runs, at every position of a prompt's gre
 engine's own ``_round``: drafter, copied candidate, trie pass, selection) of the largest window with one drafted
 candidate, and keeps its candidates and their per-position chances of being kept (0/1 at T=0). ``replay`` then
 walks a decode under any policy over those records in microseconds: a round of window γ started at position t keeps
-what the first γ columns of record t keep, costs ``draft_s + verify(nodes)`` of a fixed cost model, and teaches the
+what the first γ columns of record t keep, costs ``draft(1) + verify(nodes)`` of a fixed cost model, and teaches the
 policy exactly what the engine would (``SpeculationPolicy.observe`` with the same rows); a plain step costs
 ``plain_s``. Used to tune the policy (``jobs/policy_replay.py``), then checked with ``jobs/bench.py``.
 
@@ -104,7 +104,7 @@ def replay(records: Sequence[RoundRecord], costs: SpeculationCosts,
         rows, keep = rec.candidates[:, :window], rec.streak_probs[:, :window]
         nodes = len({tuple(r[: j + 1]) for r in rows.tolist() for j in range(window)})
         accepted = int(keep.sum(-1).max().round())
-        seconds += costs.draft_s + costs.verify(1 + nodes)
+        seconds += costs.draft(1) + costs.verify(1 + nodes)
         if pol is not None:
             pol.observe(window, 1, accepted, nodes, candidates=rows, streak_probs=keep, lookup=rec.lookup)
         t, rounds = t + accepted + 1, rounds + 1
