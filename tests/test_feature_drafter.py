@@ -246,6 +246,42 @@ def test_prompt_anchors_are_labelled_by_the_teachers_prefill_argmax():
         greedy_targets({"prompt_ids": prompts}, tokens)
 
 
+@pytest.mark.parametrize("kind", ["streak", "decayed_ce"])
+def test_training_loss_selects_windows_before_the_head_and_equals_the_per_window_formulation(kind):
+    # feature_loss keeps the valid windows' hidden rows before the head (cheaper than indexing the logits); loss and
+    # gradients must equal the plain formulation: every block's logits, then the valid ones. One trajectory is too
+    # short for any completion window, so some blocks are invalid.
+    from specdiff.distill.config import ObjectiveSection
+    from specdiff.distill.feature import collate, encode_features, feature_loss
+    from specdiff.feature_drafter import sample_anchors
+    from specdiff.objectives import decayed_ce_loss, streak_loss
+
+    model = tiny_llama(64, init_std=0.3)
+    d = build_feature_drafter(model, target_layer_ids=[0, 1], seed=2, draft_vocab_size=48)
+    d.set_draft_vocabulary(torch.arange(16, 64))
+    d.model.float()
+    prompts, completions = [[3, 9, 4, 7, 1], [2, 6], [8, 1, 5]], [list(range(20, 40)), [30, 31, 32], list(range(40, 52))]
+    features = [taps_of(model, p + c, (0, 1))[:-1] for p, c in zip(prompts, completions)]
+    columns = {"prompt_ids": prompts, "completion_ids": completions,
+               "features": [encode_features(f) for f in features]}
+    objective = ObjectiveSection(kind=kind, gamma=4, anchors_per_sample=6)
+    loss = feature_loss(d, d.model, objective, columns, torch.Generator().manual_seed(5))
+    fast = torch.autograd.grad(loss, list(d.model.parameters()), allow_unused=True)
+
+    tokens, feats, lengths, starts = collate(columns, d.config.feature_size)
+    batch = sample_anchors(lengths, starts, tokens, 4, 6, torch.Generator().manual_seed(5))
+    assert not bool(batch.valid.all())
+    logits = anchor_logits(d, d.model, tokens, feats, batch, 4)[batch.valid]
+    labels = d.draft_labels(batch.labels[batch.valid])
+    ref = streak_loss(logits, labels) if kind == "streak" else decayed_ce_loss(logits, labels, objective.decay)
+    slow = torch.autograd.grad(ref, list(d.model.parameters()), allow_unused=True)
+    assert float(loss) == pytest.approx(float(ref), rel=1e-5)
+    for a, b in zip(fast, slow):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_teacher_forced_heldout_evaluation_equals_scoring_by_the_verifier():
     # At T=0 with greedy drafts (K=1), reading acceptance off greedy held-out trajectories gives exactly what the
     # verifier-scored evaluation gives on the same windows.

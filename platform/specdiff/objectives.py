@@ -40,7 +40,8 @@ def label_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
     and no gradient pretends the drafter could have produced it."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for a differentiable objective, got {temperature!r}")
-    logq = (_upcast(logits) / temperature).log_softmax(-1)
+    scaled = _upcast(logits) if temperature == 1.0 else _upcast(logits) / temperature  # no copy at temperature 1
+    logq = scaled.log_softmax(-1)
     reachable = labels >= 0
     picked = logq.gather(-1, labels.clamp_min(0)[..., None]).squeeze(-1)
     return torch.where(reachable, picked, torch.full_like(picked, UNREACHABLE_LOGP))

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..config import SamplingParams
-from ..feature_drafter import FeatureDrafter, anchor_logits, sample_anchors
+from ..feature_drafter import FeatureDrafter, anchor_hidden, anchor_logits, sample_anchors
 from ..hf import HFModel
 from ..sampling import target_probs
 from ..objectives import ar_distill_first_position_loss, decayed_ce_loss, naive_window_loss, streak_loss
@@ -78,7 +78,8 @@ def feature_loss(drafter: FeatureDrafter, runner: torch.nn.Module, objective, re
                            prompt_anchors=extra)
     if not bool(batch.valid.any()):
         raise ValueError(f"no trajectory is long enough for a window of gamma={gamma}")
-    logits = anchor_logits(drafter, runner, tokens, feats, batch, gamma)[batch.valid]  # [W, γ, V_draft]
+    hidden = anchor_hidden(drafter, runner, tokens, feats, batch, gamma)[batch.valid]  # [W, γ, H]
+    logits = drafter.logits(hidden).float()  # [W, γ, V_draft]
     labels = drafter.draft_labels(batch.labels[batch.valid])  # [W, γ]; -1 outside the draft vocabulary
     kind, temperature = objective.kind, objective.temperature
     if kind == "streak":
