@@ -73,7 +73,7 @@ def parse_args(argv=None):
                    "(the main job's default gamma and K)")
     p.add_argument("--lookup-ablation", action="store_true", help="also run the swept drafter at K=1 (and adaptive, "
                    "with --adaptive) without the prompt-lookup candidate (SpecConfig.prompt_lookup=False)")
-    p.add_argument("--k-default", type=int, default=4)
+    p.add_argument("--k-default", type=int, default=4, help="K of the drafters not swept (0: the adaptive policy)")
     p.add_argument("--td-default", type=float, default=1.5)
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="verifier forward of our methods (plain and "
                    "specdiff rows): as jobs/generate.py (auto: specdiff's lean Llama forward where it applies); HF "

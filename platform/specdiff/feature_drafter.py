@@ -604,8 +604,8 @@ def anchor_hidden(drafter: FeatureDrafter, model: nn.Module, tokens: torch.Tenso
                   batch: AnchorBatch, gamma: int) -> torch.Tensor:
     """``anchor_logits`` before the head: final hidden states [B, A, gamma, H] of every block's mask rows. Training
     selects the valid windows here, before the head: indexing the [.., V_draft] logits instead made a step of the
-    default recipe 12-20% slower (the backward of that index writes a zero-filled tensor of the full logits' size;
-    measured on a 2-core Xeon with AMX, bf16 autocast, glibc tuned as the train workers are)."""
+    default recipe 12-20% slower in a standalone A/B (the backward of that index writes a zero-filled tensor of the
+    full logits' size; 2-core Xeon with AMX, bf16 autocast, glibc tuned as the train workers are)."""
     b, length = tokens.shape
     a = batch.anchors.shape[1]
     q = gamma + 1
