@@ -260,7 +260,8 @@ def test_training_loss_selects_windows_before_the_head_and_equals_the_per_window
     d = build_feature_drafter(model, target_layer_ids=[0, 1], seed=2, draft_vocab_size=48)
     d.set_draft_vocabulary(torch.arange(16, 64))
     d.model.float()
-    prompts, completions = [[3, 9, 4, 7, 1], [2, 6], [8, 1, 5]], [list(range(20, 40)), [30, 31, 32], list(range(40, 52))]
+    prompts = [[3, 9, 4, 7, 1], [2, 6], [8, 1, 5]]
+    completions = [list(range(20, 40)), [30, 31, 32], list(range(40, 52))]
     features = [taps_of(model, p + c, (0, 1))[:-1] for p, c in zip(prompts, completions)]
     columns = {"prompt_ids": prompts, "completion_ids": completions,
                "features": [encode_features(f) for f in features]}
