@@ -8,7 +8,9 @@ chat template, T=0, same max tokens) back to back, so a noisy stretch of the mac
 
 - ``vllm_plain``: the verifier alone in vLLM;
 - ``vllm_ngram``: vLLM's prompt-lookup speculation (``--gamma`` tokens, n-gram sizes ``--ngram``);
-- ``vllm_ours``: vLLM's ``dflash`` method with our drafter (``--drafter``, exported with ``specdiff.export_vllm``);
+- ``vllm_ours``: vLLM's ``dflash`` method with our drafter (``--drafter``, exported with ``specdiff.export_vllm``)
+  and our plugin's copied candidate where the context has one (``specdiff.vllm_plugin``);
+- ``vllm_ours_nolookup`` (with ``--lookup-ablation``): our drafter alone, as vLLM's dflash method runs it;
 - ``vllm_ours_capped`` (with ``--speculation-max-batch N``): the same, drafting nothing while vLLM's batch holds more
   than N requests (vLLM's dynamic schedule; the Serve app's ``speculation_max_batch``);
 - ``plain`` and ``specdiff``: our engine in this process (Hugging Face verifier, adaptive γ/K), for reference.
@@ -41,6 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--speculation-max-batch", type=int, default=None, metavar="N",
                    help="also vllm_ours_capped: our drafter with no drafts while vLLM's batch holds more than N "
                    "requests (serve_apps.specdiff_vllm's speculation_max_batch)")
+    p.add_argument("--lookup-ablation", action="store_true",
+                   help="also vllm_ours_nolookup: our drafter without the plugin's copied candidate")
     p.add_argument("--ngram", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"),
                    help="n-gram sizes of vLLM's prompt lookup")
     p.add_argument("--concurrency", type=int, default=16, help="requests at once for the throughput rows (0: skip)")
@@ -54,15 +58,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def spec_counters(llm) -> dict[str, float]:
-    """vLLM's cumulative spec-decode counters (drafts, draft tokens, accepted tokens), summed over their label sets:
-    the metrics are process-wide, and engines in one process may report under the same name and labels."""
-    out: dict[str, float] = {}
-    for m in llm.get_metrics():
-        if m.name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                      "vllm:spec_decode_num_accepted_tokens"):
-            name = m.name.removeprefix("vllm:spec_decode_num_")
-            out[name] = out.get(name, 0.0) + float(getattr(m, "value", 0) or 0)
+def spec_counters(results) -> dict[str, float]:
+    """Drafts, draft tokens and accepted tokens of ``results`` (vLLM's per-request spec-decode metrics, engine
+    argument ``per_request_spec_decode_metrics``): each engine's own, where the process-wide Prometheus counters
+    keep only the last engine loaded."""
+    out = {"drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0}
+    for r in results:
+        m = r.outputs[0].spec_decode_metrics
+        if m is not None:
+            out["drafts"] += sum(m.histogram)
+            out["draft_tokens"] += m.num_draft_tokens
+            out["accepted_tokens"] += sum(j * n for j, n in enumerate(m.histogram))
     return out
 
 
@@ -105,6 +111,9 @@ def main(argv=None) -> int:
                        "prompt_lookup_max": args.ngram[1]},
         "vllm_ours": export.speculative_config(gamma),
     }
+    if args.lookup_ablation:
+        alone = export_vllm(drafter_dir, out / "drafter-vllm-nolookup", verifier_dir=verifier_dir, prompt_lookup=None)
+        configs["vllm_ours_nolookup"] = alone.speculative_config(gamma)
     if args.speculation_max_batch:  # the Serve app's switch-off: vLLM's dynamic schedule, no drafts above N
         from specdiff.serving.vllm_app import speculative_config
 
@@ -114,7 +123,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         print(f"[bench_vllm] loading {name} ...", flush=True)
         engines[name] = LLM(model=str(verifier_dir), dtype="float32", enforce_eager=args.eager, max_model_len=2048,
-                            seed=0, disable_log_stats=False, speculative_config=spec)
+                            seed=0, disable_log_stats=False, speculative_config=spec,
+                            per_request_spec_decode_metrics="summary" if spec else "none")
         load_s[name] = time.perf_counter() - t0
         print(f"[bench_vllm] {name} loaded in {load_s[name]:.0f} s", flush=True)
     greedy = VllmSampling(temperature=0.0, max_tokens=args.max_new_tokens, ignore_eos=False)
@@ -136,13 +146,12 @@ def main(argv=None) -> int:
 
     counted: dict[str, dict[str, float]] = {}  # spec-decode counters per engine, batch-1 rows only
 
-    def vllm_run(name, batch, count=False):
-        # vLLM's metrics are process-wide: engines run one at a time, so a call's counter delta is its own.
-        before = spec_counters(engines[name]) if count else {}
+    def vllm_run(name, batch, count_in=None):
         results = engines[name].generate([TokensPrompt(prompt_token_ids=p) for p in batch], greedy, use_tqdm=False)
-        for k, v in spec_counters(engines[name]).items() if count else ():
-            counted.setdefault(name, {}).setdefault(k, 0.0)
-            counted[name][k] += v - before.get(k, 0.0)
+        if count_in is not None and configs[name]:
+            for k, v in spec_counters(results).items():
+                for counts in (counted.setdefault(name, {}), count_in):
+                    counts[k] = counts.get(k, 0.0) + v
         return [list(r.outputs[0].token_ids) for r in results]
 
     for name in engines:  # warm-up: first-request overheads
@@ -153,10 +162,10 @@ def main(argv=None) -> int:
     methods = [*engines, *ours]
     for i, (domain, prompt) in enumerate(prompts):
         for name in methods:
-            t0 = time.perf_counter()
-            tokens = vllm_run(name, [prompt], count=True)[0] if name in engines else ours[name](prompt)
-            seconds = time.perf_counter() - t0
             row = rows.setdefault((domain, name), {"tokens": 0, "seconds": 0.0})
+            t0 = time.perf_counter()
+            tokens = vllm_run(name, [prompt], row)[0] if name in engines else ours[name](prompt)
+            seconds = time.perf_counter() - t0
             row["tokens"] += len(tokens)
             row["seconds"] += seconds
             outputs.setdefault(name, []).append(tokens)
@@ -191,7 +200,8 @@ def build_report(args, rows, outputs, counted, throughput, load_s, gamma, prompt
             base = rows[(domain, "vllm_plain" if name.startswith("vllm") else "plain")]
             rate, base_rate = r["tokens"] / r["seconds"], base["tokens"] / base["seconds"]
             table.append({"domain": domain, "method": name, "tokens": r["tokens"], "seconds": round(r["seconds"], 3),
-                          "tokens_per_s": round(rate, 2), "speedup": round(rate / base_rate, 3)})
+                          "tokens_per_s": round(rate, 2), "speedup": round(rate / base_rate, 3),
+                          "tau": round(1 + r["accepted_tokens"] / r["drafts"], 3) if r.get("drafts") else None})
     acceptance = {}
     for name, delta in counted.items():
         if delta.get("drafts"):
@@ -218,9 +228,10 @@ def report_markdown(report: dict) -> str:
     s = report["settings"]
     lines = [f"# vLLM bench (T=0, float32, γ={s['gamma']}, n-gram {s['ngram']}, {s['max_new_tokens']} tokens, "
              f"{s['prompts_per_domain']} prompts/domain, eager={s['eager']})", "",
-             "| domain | method | tok/s | speed-up (vLLM rows: vs vllm_plain; ours: vs plain) |", "|---|---|---|---|"]
-    lines += [f"| {r['domain']} | {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× |"
-              for r in report["rows"]]
+             "| domain | method | tok/s | speed-up (vLLM rows: vs vllm_plain; ours: vs plain) | τ (vLLM) |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['domain']} | {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× | "
+              f"{'' if r.get('tau') is None else format(r['tau'], '.2f')} |" for r in report["rows"]]
     if report["acceptance"]:
         lines += ["", "| method | drafts | draft tokens | accepted | τ |", "|---|---|---|---|---|"]
         lines += [f"| {n} | {a['drafts']:.0f} | {a['draft_tokens']:.0f} | {a['accepted_tokens']:.0f} | {a['tau']:.2f} |"

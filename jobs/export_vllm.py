@@ -27,6 +27,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "folder with safetensors (default: the embedded default, smollm2-135m-instruct)")
     p.add_argument("--full-vocab", action="store_true", help="let vLLM use the verifier's whole LM head instead of "
                    "the drafter's draft vocabulary (d2t)")
+    p.add_argument("--prompt-lookup", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"),
+                   help="n-gram sizes of the copied candidate that specdiff's vLLM plugin drafts where the context "
+                   "has one (default: 2 4)")
+    p.add_argument("--no-prompt-lookup", action="store_true", help="the drafter alone (vLLM's dflash as it is)")
     p.add_argument("--mask-token-id", type=int, default=None, help="id vLLM feeds for masked slots (its embedding "
                    "is replaced by the drafter's mask vector); default: the highest id outside the draft vocabulary")
     return p.parse_args(argv)
@@ -42,13 +46,16 @@ def main(argv=None) -> int:
         if not Path(verifier_dir).is_dir():
             raise ValueError(f"--verifier must be the embedded default or a local folder, got {verifier_dir!r}")
         export = export_vllm(args.drafter_dir, args.out_dir, verifier_dir=verifier_dir, full_vocab=args.full_vocab,
-                             mask_token_id=args.mask_token_id)
+                             mask_token_id=args.mask_token_id,
+                             prompt_lookup=None if args.no_prompt_lookup else tuple(args.prompt_lookup))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     vocab = f"draft vocabulary {export.draft_vocab_size} (d2t)" if export.draft_vocab_size else "the verifier's head"
+    lookup = (f"prompt lookup n-grams {export.prompt_lookup[0]}-{export.prompt_lookup[1]} (specdiff's vLLM plugin)"
+              if export.prompt_lookup else "no prompt lookup")
     print(f"wrote {export.path}: taps {list(export.target_layer_ids)}, mask_token_id {export.mask_token_id}, "
-          f"{vocab}, up to {export.num_speculative_tokens} speculative tokens")
+          f"{vocab}, up to {export.num_speculative_tokens} speculative tokens, {lookup}")
     print(f"vLLM: LLM(model={verifier_dir!r}, speculative_config={export.speculative_config()})")
     return 0
 

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -59,7 +60,9 @@ def test_export_round_trip_keys_shapes_and_config(pair, tmp_path):
 
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
-    assert cfg["dflash_config"] == {"mask_token_id": export.mask_token_id, "target_layer_ids": list(c.target_layer_ids)}
+    assert cfg["dflash_config"] == {"mask_token_id": export.mask_token_id, "target_layer_ids": list(c.target_layer_ids),
+                                    "specdiff_prompt_lookup": {"min_ngram": 2, "max_ngram": 4}}  # the plugin's default
+    assert export.prompt_lookup == (2, 4)
     assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
             cfg["head_dim"], cfg["intermediate_size"]) == (2, 32, 4, 2, 8, 64)
     assert (cfg["num_target_layers"], cfg["vocab_size"], cfg["draft_vocab_size"], cfg["block_size"]) == (4, 64, 16, 7)
@@ -87,6 +90,27 @@ def test_full_vocab_export_leaves_the_head_to_the_verifier(pair, tmp_path):
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert "draft_vocab_size" not in cfg and cfg["dflash_config"]["mask_token_id"] == 5
     assert export.draft_vocab_size is None and export.mask_token_id == 5
+
+
+def test_prompt_lookup_is_written_for_the_plugin_or_left_out(pair, tmp_path):
+    """dflash_config.specdiff_prompt_lookup switches specdiff.vllm_plugin on inside vLLM; None leaves vLLM's dflash
+    as it is; the plugin reads back what the export wrote, and bad settings are named."""
+    from specdiff.vllm_plugin import lookup_settings
+
+    _, _, root = pair
+    for lookup in ((1, 3), None):
+        export = export_vllm(root / "drafter", tmp_path / str(lookup), verifier_dir=root / "verifier",
+                             prompt_lookup=lookup)
+        cfg = json.loads((export.path / "config.json").read_text())
+        assert export.prompt_lookup == lookup
+        assert lookup_settings(SimpleNamespace(**cfg)) == lookup
+        assert ("specdiff_prompt_lookup" in cfg["dflash_config"]) == (lookup is not None)
+    for bad in ((0, 2), (3, 2), (2,)):
+        with pytest.raises(ValueError, match="prompt_lookup must be \\(min_ngram, max_ngram\\)"):
+            export_vllm(root / "drafter", tmp_path / "bad", verifier_dir=root / "verifier", prompt_lookup=bad)
+    with pytest.raises(ValueError, match="needs 1 <= min_ngram <= max_ngram"):
+        lookup_settings(SimpleNamespace(dflash_config={"specdiff_prompt_lookup": {"min_ngram": 3, "max_ngram": 1}}))
+    assert lookup_settings(SimpleNamespace()) is None
 
 
 def test_bad_inputs_are_named(pair, tmp_path):
@@ -140,6 +164,10 @@ def test_cli_writes_the_export_and_exits_2_on_bad_input(pair, tmp_path):
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert "'method': 'dflash'" in ok.stdout and (tmp_path / "out" / "config.json").is_file()
+    assert "prompt lookup n-grams 2-4" in ok.stdout
+    off = subprocess.run(cmd + [str(root / "drafter"), str(tmp_path / "off"), "--verifier", str(root / "verifier"),
+                                "--no-prompt-lookup"], capture_output=True, text=True, timeout=120)
+    assert off.returncode == 0 and "no prompt lookup" in off.stdout, off.stderr
     bad = subprocess.run(cmd + [str(tmp_path / "nowhere"), str(tmp_path / "o2"), "--verifier", str(root / "verifier")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "error: drafter folder" in bad.stderr
@@ -161,6 +189,10 @@ def test_serve_app_exports_once_and_turns_speculation_off_above_its_batch(pair, 
     first = export_for_vllm(root / "drafter", root / "verifier")
     again = export_for_vllm(root / "drafter", root / "verifier")
     assert first == again and first.path.parent == tmp_path / "vllm" and len(list(first.path.parent.iterdir())) == 1
+    assert first.prompt_lookup == (2, 4)
+    alone = export_for_vllm(root / "drafter", root / "verifier", prompt_lookup=False)  # its own export
+    assert alone.prompt_lookup is None and alone.path != first.path
+    assert "specdiff_prompt_lookup" not in json.loads((alone.path / "config.json").read_text())["dflash_config"]
     assert (first.path / "model.safetensors").is_file() and first.num_speculative_tokens == 6
     assert speculative_config(first, 4, None, 64) == {"method": "dflash", "model": str(first.path),
                                                       "num_speculative_tokens": 4}

@@ -22,6 +22,7 @@ LADDER = {
     "specdiff.policy": FRAMEWORKS + ABOVE_CORE,
     "specdiff.feature_drafter": FRAMEWORKS + ABOVE_CORE,
     "specdiff.export_vllm": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.vllm_plugin": FRAMEWORKS + ABOVE_CORE,  # vLLM's entry point: imports vLLM only when vLLM calls it
     "specdiff.llama": FRAMEWORKS + ABOVE_CORE,  # the lean verifier forward and tokenizer: never transformers
     "specdiff.tokenizer": FRAMEWORKS + ABOVE_CORE,
     "specdiff.text": FRAMEWORKS + ABOVE_CORE,

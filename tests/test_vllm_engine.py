@@ -3,8 +3,9 @@
 Runs in the vLLM virtualenv (README: "vLLM engine (optional)"; CI: ``python -m pytest -m vllm`` there, with
 SPECDIFF_REQUIRE_VLLM=1 so a missing vLLM fails instead of skipping). The main virtualenv skips it: vLLM is not
 installed there. One module fixture trains a drafter on the prompts' greedy continuations, exports it and runs
-``jobs/bench_vllm.py`` once on those prompts: three vLLM engines side by side (plain, n-gram, our drafter; about a
-minute each to load on 2 cores with ``enforce_eager``) and our engine; every test reads that one run.
+``jobs/bench_vllm.py`` once on those prompts: four vLLM engines side by side (plain, n-gram, our drafter with and
+without the plugin's copied candidate; about a minute each to load on 2 cores with ``enforce_eager``) and our
+engine; every test but the plugin's reads that one run.
 """
 
 import json
@@ -73,26 +74,30 @@ def runs(tmp_path_factory):
     out = root / "bench"
     rc = bench_vllm.main(["--drafter", str(root / "drafter"), "--eager", "--domains", *DOMAINS,
                           "--prompts-per-domain", str(PER_DOMAIN), "--max-new-tokens", str(MAX_TOKENS),
-                          "--gamma", str(GAMMA), "--concurrency", "2", "--outputs", "--out", str(out)])
-    clock["bench_vllm (3 engines)"] = time.perf_counter()
+                          "--gamma", str(GAMMA), "--concurrency", "2", "--lookup-ablation", "--outputs",
+                          "--out", str(out)])
+    clock["bench_vllm (4 engines)"] = time.perf_counter()
     marks = list(clock.items())
     print("stage seconds:", {k: round(t - t0, 1) for (_, t0), (k, t) in zip(marks, marks[1:])})
     report = json.loads((out / "bench_vllm.json").read_text())
-    return {"rc": rc, "report": report, "out": out, "plain": plain, "ours": ours}
+    return {"rc": rc, "report": report, "out": out, "plain": plain, "ours": ours, "prompts": prompts, "root": root}
 
 
 def test_speculative_output_equals_plain_decoding(runs):
     outputs = runs["report"]["outputs"]
     assert all(len(o) == MAX_TOKENS for o in runs["plain"])
     assert outputs["vllm_plain"] == runs["plain"]  # vLLM plain = HF greedy
-    assert outputs["vllm_ours"] == runs["plain"]  # vLLM + our drafter = the same tokens
+    assert outputs["vllm_ours"] == runs["plain"]  # vLLM + our drafter (+ copied candidates) = the same tokens
+    assert outputs["vllm_ours_nolookup"] == runs["plain"]
 
 
 def test_counters_show_drafts_and_accepted_tokens(runs):
-    m = runs["report"]["acceptance"]["vllm_ours"]
-    assert m.get("drafts", 0) > 0, m
-    assert m["draft_tokens"] == GAMMA * m["drafts"]
-    assert m.get("accepted_tokens", 0) > 0, m
+    for name in ("vllm_ours", "vllm_ours_nolookup"):  # per-request metrics: each engine's own counts
+        m = runs["report"]["acceptance"][name]
+        assert m.get("drafts", 0) > 0, m
+        assert m["draft_tokens"] == GAMMA * m["drafts"]
+        assert m.get("accepted_tokens", 0) > 0, m
+    assert runs["report"]["acceptance"]["vllm_ngram"]["drafts"] > 0
 
 
 def test_vllm_accepts_what_our_engine_accepts(runs):
@@ -105,7 +110,7 @@ def test_vllm_accepts_what_our_engine_accepts(runs):
     ours_plain = [r.tokens for r in runs["ours"]]
     assert ours_plain == runs["plain"]  # our engine at T=0 = HF greedy
     ours_accepted = sum(r.stats.accepted for r in runs["ours"])
-    acceptance = runs["report"]["acceptance"]["vllm_ours"]
+    acceptance = runs["report"]["acceptance"]["vllm_ours_nolookup"]  # the drafter alone, as our engine here
     vllm_accepted = acceptance["accepted_tokens"]
     print(f"accepted: vLLM {vllm_accepted} ({acceptance['drafts']} drafts), ours "
           f"{ours_accepted} ({sum(r.stats.rounds for r in runs['ours'])} rounds)")
@@ -119,10 +124,39 @@ def test_bench_puts_vllm_rows_beside_ours(runs):
     report = runs["report"]
     assert runs["rc"] == 0 and report["vllm_outputs_equal_plain"], report["outputs_differing_from_vllm_plain"]
     assert set(report["outputs_differing_from_vllm_plain"].values()) == {0}  # ours too: plain and speculative
-    methods = {"vllm_plain", "vllm_ngram", "vllm_ours", "plain", "specdiff"}
+    methods = {"vllm_plain", "vllm_ngram", "vllm_ours", "vllm_ours_nolookup", "plain", "specdiff"}
     assert {(r["domain"], r["method"]) for r in report["rows"]} == {(d, m) for d in DOMAINS for m in methods}
     assert all(r["tokens_per_s"] > 0 for r in report["rows"])
     # Per-engine counters (vLLM's metrics are process-wide): plain drafts nothing; the drafter learnt these prompts.
     assert "vllm_plain" not in report["acceptance"]
-    assert set(report["throughput_tokens_per_s"]) == {"vllm_plain", "vllm_ngram", "vllm_ours"}
+    assert set(report["throughput_tokens_per_s"]) == {"vllm_plain", "vllm_ngram", "vllm_ours", "vllm_ours_nolookup"}
     assert "| math | vllm_ours |" in (runs["out"] / "bench_vllm.md").read_text()
+
+
+def test_plugin_gets_copies_accepted_where_an_untrained_drafter_gets_none(runs):
+    """specdiff.vllm_plugin inside vLLM (loaded through its entry point in vLLM's worker process): with a random-init
+    drafter, whose drafts vLLM alone accepts none of, the copied candidate still gets tokens accepted on these
+    prompts (our lookup replayed offline on their greedy outputs: 25 over the four), and every output stays greedy
+    decoding's."""
+    from vllm import LLM
+    from vllm import SamplingParams as VllmSampling
+    from vllm.inputs import TokensPrompt
+
+    import bench_vllm
+    from specdiff.export_vllm import export_vllm
+    from specdiff.feature_drafter import build_feature_drafter
+
+    verifier_dir = default_verifier_path()
+    model, _ = load_causal_lm(str(verifier_dir), "float32")
+    save_feature_drafter(build_feature_drafter(model, max_gamma=GAMMA, seed=0, init_from_verifier=False),
+                         runs["root"] / "random")
+    export = export_vllm(runs["root"] / "random", runs["root"] / "random-vllm", verifier_dir=verifier_dir)
+    assert export.prompt_lookup == (2, 4)
+    llm = LLM(model=str(verifier_dir), dtype="float32", enforce_eager=True, max_model_len=2048, seed=0,
+              speculative_config=export.speculative_config(GAMMA), per_request_spec_decode_metrics="summary")
+    results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in runs["prompts"]],
+                           VllmSampling(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    assert [list(r.outputs[0].token_ids) for r in results] == runs["plain"]
+    counts = bench_vllm.spec_counters(results)
+    print("random drafter + copied candidates:", counts)
+    assert counts["drafts"] > 0 and counts["accepted_tokens"] >= 5, counts

@@ -18,6 +18,9 @@ vLLM 0.32 (``vllm/model_executor/models/qwen3_dflash.py``) reads from the export
   ``lm_head.weight`` [V_draft, H]: the verifier's head rows for the draft ids, copied from the verifier's weights.
   With ``full_vocab=True`` neither is written and vLLM shares the verifier's whole head (the drafter may then
   draft tokens it was never trained on).
+- ``dflash_config.specdiff_prompt_lookup: {min_ngram, max_ngram}`` (unless ``prompt_lookup=None``): read by our vLLM
+  plugin (``specdiff.vllm_plugin``), which puts a candidate copied from the context in place of the drafter's
+  window where the context has one; vLLM ignores the key where the plugin is not installed.
 
 No vLLM import here: the folder is written with torch, safetensors and json only.
 """
@@ -36,6 +39,7 @@ from .feature_drafter import FEATURE_DRAFTER_META, WEIGHTS_FILE, FeatureDrafterC
 VLLM_ARCHITECTURE = "DFlashDraftModel"
 MASK_EMBEDDING_FILE = "mask_embedding.pt"
 EXPORT_META = "specdiff_vllm_export.json"
+LOOKUP_CONFIG_KEY = "specdiff_prompt_lookup"  # read by specdiff.vllm_plugin inside vLLM
 # Our training-only tensors: the mask vector goes to mask_embedding.pt, the draft ids become d2t.
 _NOT_VLLM_KEYS = ("mask_embedding", "draft_ids")
 
@@ -50,6 +54,7 @@ class VllmExport:
     mask_token_id: int
     draft_vocab_size: int | None  # None: vLLM uses the verifier's whole LM head
     target_layer_ids: tuple[int, ...]
+    prompt_lookup: tuple[int, int] | None = None  # (min_ngram, max_ngram) of the plugin's copied candidate
 
     def speculative_config(self, num_speculative_tokens: int | None = None) -> dict:
         """The ``speculative_config`` argument of ``vllm.LLM`` for this export."""
@@ -60,9 +65,16 @@ class VllmExport:
         return {"method": "dflash", "model": str(self.path), "num_speculative_tokens": n}
 
 
+DEFAULT_PROMPT_LOOKUP = (2, 4)  # n-gram sizes: the best of 1-4 / 2-4 / 3-4 teacher-forced (docs/vllm.md)
+
+
 def export_vllm(drafter_dir: str | Path, out_dir: str | Path, *, verifier_dir: str | Path,
-                full_vocab: bool = False, mask_token_id: int | None = None) -> VllmExport:
+                full_vocab: bool = False, mask_token_id: int | None = None,
+                prompt_lookup: tuple[int, int] | None = DEFAULT_PROMPT_LOOKUP) -> VllmExport:
     """Write the feature drafter saved in ``drafter_dir`` as a vLLM ``dflash`` draft model in ``out_dir``.
+
+    ``prompt_lookup``: (min_ngram, max_ngram) of the copied candidate our vLLM plugin splices in; None: the drafter
+    alone.
 
     ``verifier_dir``: the verifier's Hugging Face folder (config.json + safetensors): its shape is checked against
     the drafter's, and the LM head rows of the draft vocabulary are copied from it. Errors name the file or the
@@ -93,6 +105,12 @@ def export_vllm(drafter_dir: str | Path, out_dir: str | Path, *, verifier_dir: s
         mask_token_id = _default_mask_token_id(config.vocab_size, draft_ids)
     if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < config.vocab_size:
         raise ValueError(f"mask_token_id must be a token id in [0, {config.vocab_size}), got {mask_token_id!r}")
+    if prompt_lookup is not None:
+        if (len(prompt_lookup) != 2 or not all(isinstance(n, int) for n in prompt_lookup)
+                or not 1 <= prompt_lookup[0] <= prompt_lookup[1]):
+            raise ValueError(f"prompt_lookup must be (min_ngram, max_ngram) with 1 <= min_ngram <= max_ngram, got "
+                             f"{prompt_lookup!r}")
+        prompt_lookup = (int(prompt_lookup[0]), int(prompt_lookup[1]))
 
     tensors = {k: v.contiguous() for k, v in state.items() if k not in _NOT_VLLM_KEYS}
     if sliced:
@@ -106,11 +124,11 @@ def export_vllm(drafter_dir: str | Path, out_dir: str | Path, *, verifier_dir: s
     torch.save({"mask_token_id": mask_token_id, "embedding": state["mask_embedding"].float().contiguous()},
                out_dir / MASK_EMBEDDING_FILE)
     hf_config = vllm_config_dict(config, verifier, mask_token_id=mask_token_id, sliced=sliced,
-                                 dtype=state["fc.weight"].dtype)
+                                 dtype=state["fc.weight"].dtype, prompt_lookup=prompt_lookup)
     (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True))
     export = VllmExport(path=out_dir, num_speculative_tokens=config.max_gamma, mask_token_id=mask_token_id,
                         draft_vocab_size=config.draft_vocab_size if sliced else None,
-                        target_layer_ids=config.target_layer_ids)
+                        target_layer_ids=config.target_layer_ids, prompt_lookup=prompt_lookup)
     record = {k: v for k, v in meta.items() if k not in ("kind", "config")}
     export_meta = {"source": str(drafter_dir), "verifier_dir": str(verifier_dir), "full_vocab": bool(full_vocab),
                    "export": {**asdict(export), "path": str(out_dir)}, "drafter_config": asdict(config),
@@ -120,7 +138,7 @@ def export_vllm(drafter_dir: str | Path, out_dir: str | Path, *, verifier_dir: s
 
 
 def vllm_config_dict(config: FeatureDrafterConfig, verifier: dict, *, mask_token_id: int, sliced: bool,
-                     dtype: torch.dtype = torch.float32) -> dict:
+                     dtype: torch.dtype = torch.float32, prompt_lookup: tuple[int, int] | None = None) -> dict:
     """config.json of the export: Qwen3 fields from the drafter's shape, plus DFlash's fields."""
     out = {
         "architectures": [VLLM_ARCHITECTURE],
@@ -148,6 +166,8 @@ def vllm_config_dict(config: FeatureDrafterConfig, verifier: dict, *, mask_token
     }
     if sliced:
         out["draft_vocab_size"] = config.draft_vocab_size
+    if prompt_lookup is not None:
+        out["dflash_config"][LOOKUP_CONFIG_KEY] = {"min_ngram": prompt_lookup[0], "max_ngram": prompt_lookup[1]}
     return out
 
 

@@ -42,6 +42,8 @@ class VLLMAppConfig(_Strict):
                                 "drafter ($SPECDIFF_HOME/drafters/default); none: no speculation.")
     gamma: int = Field(4, ge=1, description="Draft tokens per step (vLLM num_speculative_tokens), at most the "
                        "drafter's window.")
+    prompt_lookup: bool = Field(True, description="Draft a copy from the context where it has one, the drafter's "
+                                "window elsewhere (specdiff.vllm_plugin; n-grams 2 to 4).")
     speculation_max_batch: int | None = Field(None, ge=1, description="Speculate while the engine's batch holds at "
                                               "most this many requests, not above (none: always).")
     max_num_seqs: int = Field(64, ge=1, description="vLLM: requests batched per step.")
@@ -79,19 +81,22 @@ def speculative_config(export, gamma: int, max_batch: int | None, max_num_seqs: 
     return config
 
 
-def export_for_vllm(drafter_dir: Path, verifier_dir: Path):
-    """The drafter exported for vLLM, once per drafter and verifier folder state (``$SPECDIFF_HOME/vllm/<key>``,
-    published atomically: replicas starting together never read half an export)."""
-    from ..export_vllm import EXPORT_META, VllmExport, export_vllm
+def export_for_vllm(drafter_dir: Path, verifier_dir: Path, *, prompt_lookup: bool = True):
+    """The drafter exported for vLLM, once per drafter and verifier folder state and lookup setting
+    (``$SPECDIFF_HOME/vllm/<key>``, published atomically: replicas starting together never read half an export)."""
+    from ..export_vllm import DEFAULT_PROMPT_LOOKUP, EXPORT_META, VllmExport, export_vllm
 
-    target = state_dir() / "vllm" / f"{_digest(drafter_dir)}-{_digest(verifier_dir)}"
+    lookup = DEFAULT_PROMPT_LOOKUP if prompt_lookup else None
+    suffix = f"lookup{lookup[0]}-{lookup[1]}" if lookup else "drafter-only"
+    target = state_dir() / "vllm" / f"{_digest(drafter_dir)}-{_digest(verifier_dir)}-{suffix}"
     if not (target / EXPORT_META).is_file():
         with publishing(target) as partial:  # where another replica published it first, its copy stays
-            export_vllm(drafter_dir, partial, verifier_dir=verifier_dir)
+            export_vllm(drafter_dir, partial, verifier_dir=verifier_dir, prompt_lookup=lookup)
     meta = json.loads((target / EXPORT_META).read_text())["export"]
     return VllmExport(path=target, num_speculative_tokens=meta["num_speculative_tokens"],
                       mask_token_id=meta["mask_token_id"], draft_vocab_size=meta["draft_vocab_size"],
-                      target_layer_ids=tuple(meta["target_layer_ids"]))
+                      target_layer_ids=tuple(meta["target_layer_ids"]),
+                      prompt_lookup=tuple(meta["prompt_lookup"]) if meta.get("prompt_lookup") else None)
 
 
 def _digest(folder: Path) -> str:
@@ -121,7 +126,7 @@ def llm_config(cfg: VLLMAppConfig):
     }
     if cfg.drafter is not None:
         drafter_dir = _drafter_dir(cfg.drafter)
-        export = export_for_vllm(drafter_dir, verifier_dir)
+        export = export_for_vllm(drafter_dir, verifier_dir, prompt_lookup=cfg.prompt_lookup)
         engine["speculative_config"] = speculative_config(export, cfg.gamma, cfg.speculation_max_batch,
                                                           cfg.max_num_seqs)
     engine.update(cfg.engine_kwargs)
