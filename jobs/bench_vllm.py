@@ -1,6 +1,6 @@
 """Benchmark in vLLM: vLLM plain, vLLM n-gram and vLLM + our feature drafter, next to our engine, in ONE run.
 
-    python jobs/bench_vllm.py [--drafter DIR] [--gamma 4] [--concurrency 16] [--out DIR]
+    python jobs/bench_vllm.py [--drafter DIR] [--gamma 4] [--concurrency 2 4 8 16] [--out DIR]
 
 Runs in the vLLM virtualenv (README: "vLLM engine (optional)"). The three vLLM engines are loaded once and kept
 alive side by side; then, prompt by prompt, every method decodes the same held-out prompt (evaluation splits,
@@ -15,8 +15,10 @@ chat template, T=0, same max tokens) back to back, so a noisy stretch of the mac
   than N requests (vLLM's dynamic schedule; the Serve app's ``speculation_max_batch``);
 - ``plain`` and ``specdiff``: our engine in this process (Hugging Face verifier, adaptive γ/K), for reference.
 
-Batch 1 is one request at a time. Then ``--concurrency`` requests at once (the prompts repeated) per vLLM engine:
-total tokens/s, the throughput a loaded server sees. vLLM rows are compared with vLLM plain, ours with our plain.
+Batch 1 is one request at a time. Then, for each ``--concurrency`` N, N requests at once (the prompts repeated) per
+vLLM engine: total tokens/s, the throughput a loaded server sees, and per speculative engine the largest N up to
+which it kept up with vLLM plain (its crossover: the Serve app's ``speculation_max_batch``). vLLM rows are compared
+with vLLM plain, ours with our plain.
 At T=0 every vLLM row must emit vLLM plain's tokens (the script says where one does not). Writes ``bench_vllm.md``
 and ``bench_vllm.json`` under ``--out``.
 """
@@ -47,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also vllm_ours_nolookup: our drafter without the plugin's copied candidate")
     p.add_argument("--ngram", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"),
                    help="n-gram sizes of vLLM's prompt lookup")
-    p.add_argument("--concurrency", type=int, default=16, help="requests at once for the throughput rows (0: skip)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[16],
+                   help="requests at once for the throughput rows, one or more values (0: skip)")
     p.add_argument("--eager", action="store_true", help="vLLM without compilation (loads in ~1 min instead of "
                    "~2.5 on 2 cores; decodes slower)")
     p.add_argument("--no-ours", action="store_true", help="skip our engine's rows")
@@ -171,14 +174,14 @@ def main(argv=None) -> int:
             outputs.setdefault(name, []).append(tokens)
         print(f"[bench_vllm] prompt {i + 1}/{len(prompts)} ({domain}) done", flush=True)
 
-    throughput = {}
-    if args.concurrency:
-        batch = [prompts[i % len(prompts)][1] for i in range(args.concurrency)]
+    throughput: dict[int, dict[str, float]] = {}  # requests at once -> engine -> total tok/s
+    for n in sorted(c for c in set(args.concurrency) if c > 0):
+        batch = [prompts[i % len(prompts)][1] for i in range(n)]
         for name in engines:
             t0 = time.perf_counter()
             tokens = sum(len(t) for t in vllm_run(name, batch))
-            throughput[name] = tokens / (time.perf_counter() - t0)
-            print(f"[bench_vllm] {name}: {args.concurrency} at once, {throughput[name]:.1f} tok/s", flush=True)
+            throughput.setdefault(n, {})[name] = tokens / (time.perf_counter() - t0)
+            print(f"[bench_vllm] {name}: {n} at once, {throughput[n][name]:.1f} tok/s", flush=True)
 
     report = build_report(args, rows, outputs, counted, throughput, load_s, gamma, prompts)
     if args.outputs:
@@ -202,6 +205,7 @@ def build_report(args, rows, outputs, counted, throughput, load_s, gamma, prompt
             table.append({"domain": domain, "method": name, "tokens": r["tokens"], "seconds": round(r["seconds"], 3),
                           "tokens_per_s": round(rate, 2), "speedup": round(rate / base_rate, 3),
                           "tau": round(1 + r["accepted_tokens"] / r["drafts"], 3) if r.get("drafts") else None})
+    top = throughput[max(throughput)] if throughput else {}
     acceptance = {}
     for name, delta in counted.items():
         if delta.get("drafts"):
@@ -215,13 +219,30 @@ def build_report(args, rows, outputs, counted, throughput, load_s, gamma, prompt
                      "dtype": "float32"},
         "rows": table,
         "acceptance": acceptance,
-        "throughput_tokens_per_s": {k: round(v, 2) for k, v in throughput.items()},
-        "throughput_vs_vllm_plain": {k: round(v / throughput["vllm_plain"], 3) for k, v in throughput.items()}
-        if throughput.get("vllm_plain") else {},
+        # the largest concurrency's rows, then every concurrency's
+        "throughput_tokens_per_s": {k: round(v, 2) for k, v in top.items()},
+        "throughput_vs_vllm_plain": {k: round(v / top["vllm_plain"], 3) for k, v in top.items()},
+        "throughput_by_concurrency": {n: {k: round(v, 2) for k, v in t.items()} for n, t in throughput.items()},
+        "speculation_crossover": crossover(throughput),
         "outputs_differing_from_vllm_plain": differ,
         "vllm_outputs_equal_plain": vllm_equal,
         "load_s": {k: round(v, 1) for k, v in load_s.items()},
     }
+
+
+def crossover(throughput: dict[int, dict[str, float]]) -> dict[str, int | None]:
+    """Per speculative engine: the largest measured concurrency up to which it was at least as fast as vLLM plain at
+    every measured concurrency (None: slower already at the smallest)."""
+    out: dict[str, int | None] = {}
+    for name in next(iter(throughput.values()), {}):
+        if name == "vllm_plain":
+            continue
+        out[name] = None
+        for n in sorted(throughput):
+            if throughput[n][name] < throughput[n]["vllm_plain"]:
+                break
+            out[name] = n
+    return out
 
 
 def report_markdown(report: dict) -> str:
@@ -236,10 +257,15 @@ def report_markdown(report: dict) -> str:
         lines += ["", "| method | drafts | draft tokens | accepted | τ |", "|---|---|---|---|---|"]
         lines += [f"| {n} | {a['drafts']:.0f} | {a['draft_tokens']:.0f} | {a['accepted_tokens']:.0f} | {a['tau']:.2f} |"
                   for n, a in report["acceptance"].items()]
-    if report["throughput_tokens_per_s"]:
-        lines += ["", f"{s['concurrency']} requests at once: " + ", ".join(
-            f"{n} {v:.1f} tok/s ({report['throughput_vs_vllm_plain'].get(n, 0):.2f}×)"
-            for n, v in report["throughput_tokens_per_s"].items())]
+    by = report["throughput_by_concurrency"]
+    if by:
+        names = list(next(iter(by.values())))
+        lines += ["", "| requests at once | " + " | ".join(f"{n} tok/s" for n in names) + " |",
+                  "|---|" + "---|" * len(names)]
+        lines += [f"| {c} | " + " | ".join(f"{t[n]:.1f} ({t[n] / t['vllm_plain']:.2f}×)" for n in names) + " |"
+                  for c, t in by.items()]
+        lines += ["", "speculation kept up with vllm_plain up to (requests at once): " + ", ".join(
+            f"{n} {c if c is not None else 'none'}" for n, c in report["speculation_crossover"].items())]
     lines += ["", "outputs differing from vllm_plain (of each method's prompts): "
               + ", ".join(f"{n} {c}" for n, c in report["outputs_differing_from_vllm_plain"].items()),
               "load seconds: " + ", ".join(f"{n} {v:.0f}" for n, v in report["load_s"].items())]

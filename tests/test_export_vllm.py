@@ -206,3 +206,13 @@ def test_serve_app_exports_once_and_turns_speculation_off_above_its_batch(pair, 
         VLLMAppConfig(drafter=None, speculation_max_batch=4)
     with pytest.raises(ValueError, match="gamma"):
         VLLMAppConfig(gamma=0)
+
+
+def test_bench_vllm_crossover_is_where_speculation_stops_keeping_up():
+    sys.path.insert(0, str(ROOT / "jobs"))
+    from bench_vllm import crossover
+
+    t = {1: {"vllm_plain": 20, "vllm_ours": 30, "vllm_ngram": 19}, 4: {"vllm_plain": 60, "vllm_ours": 61,
+         "vllm_ngram": 70}, 16: {"vllm_plain": 130, "vllm_ours": 100, "vllm_ngram": 140}}
+    assert crossover(t) == {"vllm_ours": 4, "vllm_ngram": None}  # slower at 1 already: none, even if faster later
+    assert crossover({}) == {}
