@@ -69,9 +69,10 @@ def spec_counters(results) -> dict[str, float]:
     for r in results:
         m = r.outputs[0].spec_decode_metrics
         if m is not None:
-            out["drafts"] += sum(m.histogram)
-            out["draft_tokens"] += m.num_draft_tokens
-            out["accepted_tokens"] += sum(j * n for j, n in enumerate(m.histogram))
+            summary = m.to_dict()  # vLLM's own reading of the request's acceptance histogram
+            out["drafts"] += summary["num_spec_steps"]
+            out["draft_tokens"] += summary["num_draft_tokens"]
+            out["accepted_tokens"] += summary["num_accepted_draft_tokens"]
     return out
 
 

@@ -114,8 +114,7 @@ def record_main(args) -> int:
     costs = calibrate(drafter, decoder.verifier, first, args.gamma, SpecConfig().max_candidates)
     out["costs"] = costs.to_dict()
     Path(args.out).write_text(json.dumps(out))
-    print(f"wrote {args.out} (cost model: plain step {costs.plain_s * 1e3:.1f} ms, drafter {costs.draft_s * 1e3:.1f} ms"
-          f" + {costs.sample_s * 1e3:.1f} ms for K > 1 draws)")
+    print(f"wrote {args.out} (cost model: {costs.describe()})")
     return 0
 
 
@@ -133,9 +132,7 @@ def replay_main(args) -> int:
     rows = [(f"fixed gamma={g}", {"gamma": g}) for g in sorted({max(gamma // 2, 1), gamma})]
     rows.append(("adaptive (defaults)", {"policy": policy()}))
     rows += [(f"adaptive {name} {kw}", {"policy": policy(**kw)}) for name, kw in args.variants.items()]
-    print(f"drafter {data.get('drafter')}, {data.get('dtype')}; cost model: plain {costs.plain_s * 1e3:.1f} ms, "
-          f"drafter {costs.draft_s * 1e3:.1f} ms (+{costs.sample_s * 1e3:.1f} ms for K > 1 draws), "
-          + ", ".join(f"{n} nodes {s * 1e3:.1f} ms" for n, s in costs.verify_s))
+    print(f"drafter {data.get('drafter')}, {data.get('dtype')}; cost model: {costs.describe()}")
     print("| policy | " + " | ".join(f"{d} speed-up (plain share)" for d in decodes) + " |")
     print("|---|" + "---|" * len(decodes))
     for label, kw in rows:

@@ -244,6 +244,9 @@ def test_a_one_candidate_round_is_priced_without_the_draws():
     rates = policy.rates()  # K=2 assumed no better than K=1 until its rounds show it: its draws make it dearer
     assert rates[(8, 1)] > rates[(8, 2)]
     assert rates[(8, 1)] == pytest.approx(sum(0.5 ** j for j in range(9)) / (0.004 + costs.verify(9)))
+    # The one log line every tool prints the cost model with (policy_check, policy_replay).
+    assert costs.describe() == ("plain step 33.0 ms, drafter 4.0 ms (+4.0 ms for K > 1 draws), verify 1 nodes 33.0 ms, "
+                                "13 nodes 44.0 ms")
 
 
 def test_calibration_times_the_argmax_window_and_the_draws_apart(verifier_model):

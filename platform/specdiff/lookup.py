@@ -16,8 +16,11 @@ from __future__ import annotations
 from typing import Sequence
 
 
+LOOKUP_WINDOW = 2048  # the context tokens searched: the latest ones
+
+
 def lookup_continuation(tokens: Sequence[int], gamma: int, *, max_ngram: int = 4, min_ngram: int = 1,
-                        window: int = 2048) -> list[int]:
+                        window: int = LOOKUP_WINDOW) -> list[int]:
     """Up to ``gamma`` tokens that followed the most recent earlier occurrence of the longest suffix n-gram of
     ``tokens`` (``max_ngram`` down to ``min_ngram`` tokens), searching the last ``window`` tokens; [] if none.
 

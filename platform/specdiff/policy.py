@@ -82,6 +82,12 @@ class SpeculationCosts:
         return cls(float(value["draft_s"]), tuple((int(n), float(s)) for n, s in value["verify_s"]),
                    float(value.get("sample_s", 0.0)))
 
+    def describe(self) -> str:
+        """One line for logs: the plain step, the drafter call (and what K > 1 draws add), each verifier pass size."""
+        return (f"plain step {self.plain_s * 1e3:.1f} ms, drafter {self.draft_s * 1e3:.1f} ms "
+                f"(+{self.sample_s * 1e3:.1f} ms for K > 1 draws), verify "
+                + ", ".join(f"{n} nodes {s * 1e3:.1f} ms" for n, s in self.verify_s))
+
     def draft(self, k: int) -> float:
         """Seconds of drafting a round with ``k`` candidates."""
         return self.draft_s + (self.sample_s if k > 1 else 0.0)

@@ -29,7 +29,7 @@ import logging
 from typing import Any
 
 from .export_vllm import LOOKUP_CONFIG_KEY as CONFIG_KEY
-from .lookup import lookup_or_draft
+from .lookup import LOOKUP_WINDOW, lookup_or_draft
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +62,14 @@ def splice_rows(drafts: list[list[int]], histories: list[list[int] | None], min_
 
 
 def _histories(input_batch, sampled=None, vocab_size: int = 0) -> list[list[int] | None]:
-    """Each request's committed tokens (``input_batch`` rows), plus this step's valid ``sampled`` tokens where the
-    runner has not written them yet (vLLM's padded drafter batch proposes before its bookkeeping)."""
+    """Each request's latest committed tokens (``input_batch`` rows; the lookup's window, not the whole context),
+    plus this step's valid ``sampled`` tokens where the runner has not written them yet (vLLM's padded drafter batch
+    proposes before its bookkeeping)."""
     rows = []
     extra = sampled.tolist() if sampled is not None else None
     for i in range(input_batch.num_reqs):
         n = int(input_batch.num_tokens_no_spec[i])
-        tokens = input_batch.token_ids_cpu[i, :n].tolist()
+        tokens = input_batch.token_ids_cpu[i, max(0, n - LOOKUP_WINDOW) : n].tolist()
         if extra is not None:
             tokens += [t for t in extra[i] if 0 <= t < vocab_size]
         rows.append(tokens)
