@@ -11,6 +11,7 @@ chat template, T=0, same max tokens) back to back, so a noisy stretch of the mac
 - ``vllm_ours``: vLLM's ``dflash`` method with our drafter (``--drafter``, exported with ``specdiff.export_vllm``)
   and our plugin's copied candidate where the context has one (``specdiff.vllm_plugin``);
 - ``vllm_ours_nolookup`` (with ``--lookup-ablation``): our drafter alone, as vLLM's dflash method runs it;
+- ``vllm_ours_nocut`` (with ``--cut-ablation``): copies and drafter, every drafter window verified whole;
 - ``vllm_ours_capped`` (with ``--speculation-max-batch N``): the same, drafting nothing while vLLM's batch holds more
   than N requests (vLLM's dynamic schedule; the Serve app's ``speculation_max_batch``);
 - ``plain`` and ``specdiff``: our engine in this process (Hugging Face verifier, adaptive γ/K), for reference.
@@ -47,6 +48,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "requests (serve_apps.specdiff_vllm's speculation_max_batch)")
     p.add_argument("--lookup-ablation", action="store_true",
                    help="also vllm_ours_nolookup: our drafter without the plugin's copied candidate")
+    p.add_argument("--cut-ablation", action="store_true",
+                   help="also vllm_ours_nocut: the plugin without its confidence cut of the drafter's windows")
+    p.add_argument("--min-draft-confidence", type=float, default=None, metavar="C",
+                   help="the plugin's confidence cut for vllm_ours (default: specdiff.export_vllm's; 0: off)")
     p.add_argument("--ngram", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"),
                    help="n-gram sizes of vLLM's prompt lookup")
     p.add_argument("--concurrency", type=int, nargs="+", default=[16],
@@ -91,7 +96,7 @@ def main(argv=None) -> int:
     from vllm.inputs import TokensPrompt
 
     from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder, generate_plain, load_drafter
-    from specdiff.export_vllm import export_vllm
+    from specdiff.export_vllm import DEFAULT_MIN_DRAFT_CONFIDENCE, export_vllm
     from specdiff.models import default_verifier_path, load_causal_lm, state_dir
     from specdiff.prompts import chat_prompt_ids, load_prompts
 
@@ -103,7 +108,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     verifier_dir = default_verifier_path()
-    export = export_vllm(drafter_dir, out / "drafter-vllm", verifier_dir=verifier_dir)
+    cut = DEFAULT_MIN_DRAFT_CONFIDENCE if args.min_draft_confidence is None else (args.min_draft_confidence or None)
+    export = export_vllm(drafter_dir, out / "drafter-vllm", verifier_dir=verifier_dir, min_draft_confidence=cut)
     gamma = min(args.gamma, export.num_speculative_tokens)
 
     model, tokenizer = load_causal_lm(str(verifier_dir), "float32")
@@ -116,8 +122,13 @@ def main(argv=None) -> int:
         "vllm_ours": export.speculative_config(gamma),
     }
     if args.lookup_ablation:
-        alone = export_vllm(drafter_dir, out / "drafter-vllm-nolookup", verifier_dir=verifier_dir, prompt_lookup=None)
+        alone = export_vllm(drafter_dir, out / "drafter-vllm-nolookup", verifier_dir=verifier_dir, prompt_lookup=None,
+                            min_draft_confidence=None)
         configs["vllm_ours_nolookup"] = alone.speculative_config(gamma)
+    if args.cut_ablation:
+        whole = export_vllm(drafter_dir, out / "drafter-vllm-nocut", verifier_dir=verifier_dir,
+                            min_draft_confidence=None)
+        configs["vllm_ours_nocut"] = whole.speculative_config(gamma)
     if args.speculation_max_batch:  # the Serve app's switch-off: vLLM's dynamic schedule, no drafts above N
         from specdiff.serving.vllm_app import speculative_config
 

@@ -31,6 +31,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="n-gram sizes of the copied candidate that specdiff's vLLM plugin drafts where the context "
                    "has one (default: 2 4)")
     p.add_argument("--no-prompt-lookup", action="store_true", help="the drafter alone (vLLM's dflash as it is)")
+    p.add_argument("--min-draft-confidence", type=float, default=None, metavar="C",
+                   help="specdiff's vLLM plugin verifies the drafter's tokens only while the running product of its "
+                   "top-1 probabilities stays >= C (default: export_vllm.DEFAULT_MIN_DRAFT_CONFIDENCE; 0: every window "
+                   "whole)")
     p.add_argument("--mask-token-id", type=int, default=None, help="id vLLM feeds for masked slots (its embedding "
                    "is replaced by the drafter's mask vector); default: the highest id outside the draft vocabulary")
     return p.parse_args(argv)
@@ -38,7 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from specdiff.export_vllm import export_vllm
+    from specdiff.export_vllm import DEFAULT_MIN_DRAFT_CONFIDENCE, export_vllm
     from specdiff.models import DEFAULT_VERIFIER, resolve_model_path
 
     try:
@@ -47,15 +51,19 @@ def main(argv=None) -> int:
             raise ValueError(f"--verifier must be the embedded default or a local folder, got {verifier_dir!r}")
         export = export_vllm(args.drafter_dir, args.out_dir, verifier_dir=verifier_dir, full_vocab=args.full_vocab,
                              mask_token_id=args.mask_token_id,
-                             prompt_lookup=None if args.no_prompt_lookup else tuple(args.prompt_lookup))
+                             prompt_lookup=None if args.no_prompt_lookup else tuple(args.prompt_lookup),
+                             min_draft_confidence=(DEFAULT_MIN_DRAFT_CONFIDENCE if args.min_draft_confidence is None
+                                                   else args.min_draft_confidence or None))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     vocab = f"draft vocabulary {export.draft_vocab_size} (d2t)" if export.draft_vocab_size else "the verifier's head"
     lookup = (f"prompt lookup n-grams {export.prompt_lookup[0]}-{export.prompt_lookup[1]} (specdiff's vLLM plugin)"
               if export.prompt_lookup else "no prompt lookup")
+    cut = (f"drafter windows cut below running confidence {export.min_draft_confidence:g}"
+           if export.min_draft_confidence else "drafter windows verified whole")
     print(f"wrote {export.path}: taps {list(export.target_layer_ids)}, mask_token_id {export.mask_token_id}, "
-          f"{vocab}, up to {export.num_speculative_tokens} speculative tokens, {lookup}")
+          f"{vocab}, up to {export.num_speculative_tokens} speculative tokens, {lookup}, {cut}")
     print(f"vLLM: LLM(model={verifier_dir!r}, speculative_config={export.speculative_config()})")
     return 0
 

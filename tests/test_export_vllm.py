@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from helpers import tiny_llama
 
-from specdiff.export_vllm import EXPORT_META, MASK_EMBEDDING_FILE, export_vllm
+from specdiff.export_vllm import DEFAULT_MIN_DRAFT_CONFIDENCE, EXPORT_META, MASK_EMBEDDING_FILE, export_vllm
 from specdiff.feature_drafter import build_feature_drafter, save_feature_drafter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,8 +61,9 @@ def test_export_round_trip_keys_shapes_and_config(pair, tmp_path):
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
     assert cfg["dflash_config"] == {"mask_token_id": export.mask_token_id, "target_layer_ids": list(c.target_layer_ids),
-                                    "specdiff_prompt_lookup": {"min_ngram": 2, "max_ngram": 4}}  # the plugin's default
-    assert export.prompt_lookup == (2, 4)
+                                    "specdiff_prompt_lookup": {"min_ngram": 2, "max_ngram": 4},  # the plugin's defaults
+                                    "specdiff_min_draft_confidence": DEFAULT_MIN_DRAFT_CONFIDENCE}
+    assert export.prompt_lookup == (2, 4) and export.min_draft_confidence == DEFAULT_MIN_DRAFT_CONFIDENCE
     assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
             cfg["head_dim"], cfg["intermediate_size"]) == (2, 32, 4, 2, 8, 64)
     assert (cfg["num_target_layers"], cfg["vocab_size"], cfg["draft_vocab_size"], cfg["block_size"]) == (4, 64, 16, 7)
@@ -111,6 +112,21 @@ def test_prompt_lookup_is_written_for_the_plugin_or_left_out(pair, tmp_path):
     with pytest.raises(ValueError, match="needs 1 <= min_ngram <= max_ngram"):
         lookup_settings(SimpleNamespace(dflash_config={"specdiff_prompt_lookup": {"min_ngram": 3, "max_ngram": 1}}))
     assert lookup_settings(SimpleNamespace()) is None
+
+
+def test_confidence_cut_is_written_for_the_plugin_or_left_out(pair, tmp_path):
+    from specdiff.vllm_plugin import confidence_setting
+
+    _, _, root = pair
+    for cut in (0.25, None):
+        export = export_vllm(root / "drafter", tmp_path / str(cut), verifier_dir=root / "verifier",
+                             min_draft_confidence=cut)
+        cfg = json.loads((export.path / "config.json").read_text())
+        assert export.min_draft_confidence == cut and confidence_setting(SimpleNamespace(**cfg)) == cut
+        assert ("specdiff_min_draft_confidence" in cfg["dflash_config"]) == (cut is not None)
+    for bad in (0, 1.0, -0.5, True, "0.3"):
+        with pytest.raises(ValueError, match="min_draft_confidence must be a probability in \\(0, 1\\) or None"):
+            export_vllm(root / "drafter", tmp_path / "bad", verifier_dir=root / "verifier", min_draft_confidence=bad)
 
 
 def test_bad_inputs_are_named(pair, tmp_path):
@@ -193,6 +209,9 @@ def test_serve_app_exports_once_and_turns_speculation_off_above_its_batch(pair, 
     alone = export_for_vllm(root / "drafter", root / "verifier", prompt_lookup=False)  # its own export
     assert alone.prompt_lookup is None and alone.path != first.path
     assert "specdiff_prompt_lookup" not in json.loads((alone.path / "config.json").read_text())["dflash_config"]
+    assert first.min_draft_confidence == DEFAULT_MIN_DRAFT_CONFIDENCE
+    whole = export_for_vllm(root / "drafter", root / "verifier", min_draft_confidence=None)  # its own export too
+    assert whole.min_draft_confidence is None and whole.path not in (first.path, alone.path)
     assert (first.path / "model.safetensors").is_file() and first.num_speculative_tokens == 6
     assert speculative_config(first, 4, None, 64) == {"method": "dflash", "model": str(first.path),
                                                       "num_speculative_tokens": 4}
@@ -200,8 +219,12 @@ def test_serve_app_exports_once_and_turns_speculation_off_above_its_batch(pair, 
     assert off["num_speculative_tokens_per_batch_size"] == [[1, 8, 4], [9, 64, 0]]
     with pytest.raises(ValueError, match="num_speculative_tokens must be an integer in \\[1, 6\\]"):
         speculative_config(first, 7, None, 64)
-    cfg = VLLMAppConfig.model_validate(_none_strings({"drafter": "none", "gamma": "2", "max_replicas": "3"}))
-    assert cfg.drafter is None and cfg.gamma == 2 and cfg.max_replicas == 3
+    cfg = VLLMAppConfig.model_validate(_none_strings({"drafter": "none", "gamma": "2", "max_replicas": "3",
+                                                      "min_draft_confidence": "none"}))
+    assert cfg.drafter is None and cfg.gamma == 2 and cfg.max_replicas == 3 and cfg.min_draft_confidence is None
+    assert VLLMAppConfig().min_draft_confidence == DEFAULT_MIN_DRAFT_CONFIDENCE
+    with pytest.raises(ValueError, match="min_draft_confidence"):
+        VLLMAppConfig(min_draft_confidence=1.5)
     with pytest.raises(ValueError, match="speculation_max_batch needs a drafter"):
         VLLMAppConfig(drafter=None, speculation_max_batch=4)
     with pytest.raises(ValueError, match="gamma"):

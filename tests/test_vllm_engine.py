@@ -95,8 +95,10 @@ def test_counters_show_drafts_and_accepted_tokens(runs):
     for name in ("vllm_ours", "vllm_ours_nolookup"):  # per-request metrics: each engine's own counts
         m = runs["report"]["acceptance"][name]
         assert m.get("drafts", 0) > 0, m
-        assert m["draft_tokens"] == GAMMA * m["drafts"]
         assert m.get("accepted_tokens", 0) > 0, m
+    alone, ours = runs["report"]["acceptance"]["vllm_ours_nolookup"], runs["report"]["acceptance"]["vllm_ours"]
+    assert alone["draft_tokens"] == GAMMA * alone["drafts"]  # vLLM's dflash: every window whole
+    assert ours["draft_tokens"] <= GAMMA * ours["drafts"]  # the plugin's confidence cut may shorten them
     assert runs["report"]["acceptance"]["vllm_ngram"]["drafts"] > 0
 
 

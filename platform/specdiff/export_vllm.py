@@ -21,6 +21,9 @@ vLLM 0.32 (``vllm/model_executor/models/qwen3_dflash.py``) reads from the export
 - ``dflash_config.specdiff_prompt_lookup: {min_ngram, max_ngram}`` (unless ``prompt_lookup=None``): read by our vLLM
   plugin (``specdiff.vllm_plugin``), which puts a candidate copied from the context in place of the drafter's
   window where the context has one; vLLM ignores the key where the plugin is not installed.
+- ``dflash_config.specdiff_min_draft_confidence: c`` (unless ``min_draft_confidence=None``): the plugin cuts the
+  drafter's window before the first position where the running product of its top-1 probabilities falls below
+  ``c``, so that vLLM verifies only the tokens likely to be accepted (copied chains stay whole).
 
 No vLLM import here: the folder is written with torch, safetensors and json only.
 """
@@ -40,6 +43,7 @@ VLLM_ARCHITECTURE = "DFlashDraftModel"
 MASK_EMBEDDING_FILE = "mask_embedding.pt"
 EXPORT_META = "specdiff_vllm_export.json"
 LOOKUP_CONFIG_KEY = "specdiff_prompt_lookup"  # read by specdiff.vllm_plugin inside vLLM
+CONFIDENCE_CONFIG_KEY = "specdiff_min_draft_confidence"  # idem
 # Our training-only tensors: the mask vector goes to mask_embedding.pt, the draft ids become d2t.
 _NOT_VLLM_KEYS = ("mask_embedding", "draft_ids")
 
@@ -55,6 +59,7 @@ class VllmExport:
     draft_vocab_size: int | None  # None: vLLM uses the verifier's whole LM head
     target_layer_ids: tuple[int, ...]
     prompt_lookup: tuple[int, int] | None = None  # (min_ngram, max_ngram) of the plugin's copied candidate
+    min_draft_confidence: float | None = None  # the plugin's cut of the drafter's window
 
     def speculative_config(self, num_speculative_tokens: int | None = None) -> dict:
         """The ``speculative_config`` argument of ``vllm.LLM`` for this export."""
@@ -66,15 +71,18 @@ class VllmExport:
 
 
 DEFAULT_PROMPT_LOOKUP = (2, 4)  # n-gram sizes: the best of 1-4 / 2-4 / 3-4 teacher-forced (docs/vllm.md)
+DEFAULT_MIN_DRAFT_CONFIDENCE = 0.3  # see docs/vllm.md, "Verifying fewer tokens"
 
 
 def export_vllm(drafter_dir: str | Path, out_dir: str | Path, *, verifier_dir: str | Path,
                 full_vocab: bool = False, mask_token_id: int | None = None,
-                prompt_lookup: tuple[int, int] | None = DEFAULT_PROMPT_LOOKUP) -> VllmExport:
+                prompt_lookup: tuple[int, int] | None = DEFAULT_PROMPT_LOOKUP,
+                min_draft_confidence: float | None = DEFAULT_MIN_DRAFT_CONFIDENCE) -> VllmExport:
     """Write the feature drafter saved in ``drafter_dir`` as a vLLM ``dflash`` draft model in ``out_dir``.
 
     ``prompt_lookup``: (min_ngram, max_ngram) of the copied candidate our vLLM plugin splices in; None: the drafter
-    alone.
+    alone. ``min_draft_confidence``: the plugin verifies the drafter's tokens only while the running product of
+    its top-1 probabilities stays at or above it; None: every window whole.
 
     ``verifier_dir``: the verifier's Hugging Face folder (config.json + safetensors): its shape is checked against
     the drafter's, and the LM head rows of the draft vocabulary are copied from it. Errors name the file or the
@@ -111,6 +119,12 @@ def export_vllm(drafter_dir: str | Path, out_dir: str | Path, *, verifier_dir: s
             raise ValueError(f"prompt_lookup must be (min_ngram, max_ngram) with 1 <= min_ngram <= max_ngram, got "
                              f"{prompt_lookup!r}")
         prompt_lookup = (int(prompt_lookup[0]), int(prompt_lookup[1]))
+    if min_draft_confidence is not None:
+        if isinstance(min_draft_confidence, bool) or not isinstance(min_draft_confidence, (int, float)) \
+                or not 0 < min_draft_confidence < 1:
+            raise ValueError(f"min_draft_confidence must be a probability in (0, 1) or None, got "
+                             f"{min_draft_confidence!r}")
+        min_draft_confidence = float(min_draft_confidence)
 
     tensors = {k: v.contiguous() for k, v in state.items() if k not in _NOT_VLLM_KEYS}
     if sliced:
@@ -124,11 +138,13 @@ def export_vllm(drafter_dir: str | Path, out_dir: str | Path, *, verifier_dir: s
     torch.save({"mask_token_id": mask_token_id, "embedding": state["mask_embedding"].float().contiguous()},
                out_dir / MASK_EMBEDDING_FILE)
     hf_config = vllm_config_dict(config, verifier, mask_token_id=mask_token_id, sliced=sliced,
-                                 dtype=state["fc.weight"].dtype, prompt_lookup=prompt_lookup)
+                                 dtype=state["fc.weight"].dtype, prompt_lookup=prompt_lookup,
+                                 min_draft_confidence=min_draft_confidence)
     (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True))
     export = VllmExport(path=out_dir, num_speculative_tokens=config.max_gamma, mask_token_id=mask_token_id,
                         draft_vocab_size=config.draft_vocab_size if sliced else None,
-                        target_layer_ids=config.target_layer_ids, prompt_lookup=prompt_lookup)
+                        target_layer_ids=config.target_layer_ids, prompt_lookup=prompt_lookup,
+                        min_draft_confidence=min_draft_confidence)
     record = {k: v for k, v in meta.items() if k not in ("kind", "config")}
     export_meta = {"source": str(drafter_dir), "verifier_dir": str(verifier_dir), "full_vocab": bool(full_vocab),
                    "export": {**asdict(export), "path": str(out_dir)}, "drafter_config": asdict(config),
@@ -138,7 +154,8 @@ def export_vllm(drafter_dir: str | Path, out_dir: str | Path, *, verifier_dir: s
 
 
 def vllm_config_dict(config: FeatureDrafterConfig, verifier: dict, *, mask_token_id: int, sliced: bool,
-                     dtype: torch.dtype = torch.float32, prompt_lookup: tuple[int, int] | None = None) -> dict:
+                     dtype: torch.dtype = torch.float32, prompt_lookup: tuple[int, int] | None = None,
+                     min_draft_confidence: float | None = None) -> dict:
     """config.json of the export: Qwen3 fields from the drafter's shape, plus DFlash's fields."""
     out = {
         "architectures": [VLLM_ARCHITECTURE],
@@ -168,6 +185,8 @@ def vllm_config_dict(config: FeatureDrafterConfig, verifier: dict, *, mask_token
         out["draft_vocab_size"] = config.draft_vocab_size
     if prompt_lookup is not None:
         out["dflash_config"][LOOKUP_CONFIG_KEY] = {"min_ngram": prompt_lookup[0], "max_ngram": prompt_lookup[1]}
+    if min_draft_confidence is not None:
+        out["dflash_config"][CONFIDENCE_CONFIG_KEY] = min_draft_confidence
     return out
 
 

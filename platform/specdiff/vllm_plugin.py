@@ -28,8 +28,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .export_vllm import CONFIDENCE_CONFIG_KEY as CONFIDENCE_KEY
 from .export_vllm import LOOKUP_CONFIG_KEY as CONFIG_KEY
-from .lookup import LOOKUP_WINDOW, lookup_or_draft
+from .lookup import LOOKUP_WINDOW, lookup_continuation, lookup_or_draft
 
 logger = logging.getLogger(__name__)
 
@@ -49,15 +50,59 @@ def lookup_settings(hf_config: Any) -> tuple[int, int] | None:
     return lo, hi
 
 
+def confidence_setting(hf_config: Any) -> float | None:
+    """``dflash_config[CONFIDENCE_KEY]`` of a draft model's config: the running top-1 probability below which the
+    drafter's window is cut, or None."""
+    dflash = getattr(hf_config, "dflash_config", None) or {}
+    value = dflash.get(CONFIDENCE_KEY) if isinstance(dflash, dict) else None
+    if value is None or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"dflash_config.{CONFIDENCE_KEY} must be a probability in (0, 1), got {value!r}")
+    return float(value)
+
+
 def splice_rows(drafts: list[list[int]], histories: list[list[int] | None], min_ngram: int,
                 max_ngram: int) -> dict[int, list[int]]:
-    """Row index -> the chain to verify instead of the drafter's, for the rows whose context has a copy."""
+    """Row index -> the chain to verify, for the rows whose context has a copy (the copy completed by the drafter's
+    tokens; possibly equal to the drafter's own draft)."""
     out = {}
     for i, (draft, history) in enumerate(zip(drafts, histories)):
         if history:
             chain = lookup_or_draft(draft, history, min_ngram=min_ngram, max_ngram=max_ngram)
-            if chain is not None and chain != draft:
+            if chain is not None:
                 out[i] = chain
+    return out
+
+
+def full_copies(histories: list[list[int] | None], k: int, min_ngram: int, max_ngram: int) -> list[list[int]] | None:
+    """Every row's copied continuation when each row has one of all ``k`` tokens, else None."""
+    if k < 1 or not histories:
+        return None
+    out = []
+    for history in histories:
+        copy = lookup_continuation(history, k, min_ngram=min_ngram, max_ngram=max_ngram) if history else None
+        if not copy or len(copy) < k:
+            return None
+        out.append(copy)
+    return out
+
+
+def cut_rows(drafts: list[list[int]], confidence: list[list[float]], keep: set[int] | dict,
+             min_confidence: float) -> list[list[int]]:
+    """Each draft cut before the first position where the running product of the drafter's top-1 probabilities
+    falls below ``min_confidence``; the rows in ``keep`` (copied chains) whole."""
+    out = []
+    for i, (draft, conf) in enumerate(zip(drafts, confidence)):
+        if i not in keep:
+            p, n = 1.0, 0
+            for c in conf[: len(draft)]:
+                p *= c
+                if p < min_confidence:
+                    break
+                n += 1
+            draft = draft[:n]
+        out.append(draft)
     return out
 
 
@@ -77,17 +122,29 @@ def _histories(input_batch, sampled=None, vocab_size: int = 0) -> list[list[int]
 
 
 def _lookup_proposer(base: type) -> type:
-    """A subclass of vLLM's ``DFlashProposer`` that splices copied candidates into its drafts."""
+    """A subclass of vLLM's ``DFlashProposer`` that splices copied candidates into its drafts and cuts the drafter's
+    unlikely tail."""
 
     class LookupDFlashProposer(base):
         _specdiff_lookup = True
 
         def __init__(self, vllm_config, device, runner=None):
             super().__init__(vllm_config, device, runner)
-            self._lookup = lookup_settings(self.draft_model_config.hf_config)
+            hf_config = self.draft_model_config.hf_config
+            self._lookup = lookup_settings(hf_config)
+            self._min_confidence = confidence_setting(hf_config)
+            scheduler = getattr(vllm_config, "scheduler_config", None)
+            if self._min_confidence and getattr(scheduler, "async_scheduling", False):
+                # Async scheduling keeps the drafts on the device in a fixed [num_reqs, k] layout.
+                logger.info("specdiff: async scheduling keeps every draft whole (no confidence cut)")
+                self._min_confidence = None
             self._pending: list[list[int] | None] | None = None
+            self._confidence = None
             if self._lookup:
                 logger.info("specdiff: prompt lookup beside the dflash drafter (n-grams %d to %d)", *self._lookup)
+            if self._min_confidence:
+                logger.info("specdiff: drafts cut where the drafter's confidence falls below %g",
+                            self._min_confidence)
 
         def prepare_next_token_ids_cpu(self, sampled_token_ids, requests, gpu_input_batch, num_scheduled_tokens):
             if self._lookup:  # after vLLM's bookkeeping: the batch already holds this step's tokens
@@ -104,23 +161,65 @@ def _lookup_proposer(base: type) -> type:
             return super().prepare_next_token_ids_padded(sampled_token_ids, requests, gpu_input_batch,
                                                          discard_request_mask)
 
-        def propose(self, *args, **kwargs):
-            drafts = super().propose(*args, **kwargs)  # [num_reqs, num_speculative_tokens]
+        def _greedy_sample(self, hidden_states):
+            """vLLM's argmax drafts, keeping each row's top-1 probability for the confidence cut."""
+            if (not self._min_confidence or getattr(self, "use_local_argmax_reduction", False)
+                    or getattr(self, "use_heterogeneous_vocab", False)):
+                return super()._greedy_sample(hidden_states)
+            logits = self.model.compute_logits(hidden_states)
+            top, ids = logits.max(dim=-1)
+            self._confidence = (top.float() - logits.float().logsumexp(dim=-1)).exp()
+            return ids
+
+        def propose(self, **kwargs):
+            self._confidence = None
             pending, self._pending = self._pending, None
-            if not self._lookup or pending is None or drafts.ndim != 2 or drafts.shape[1] == 0:
+            copies = full_copies(pending, kwargs.get("num_speculative_tokens") or 0, *self._lookup) \
+                if self._lookup and pending else None
+            if copies is not None:
+                # Every request verifies a copy this step and the drafter's window would be discarded: write the
+                # new context tokens' keys/values into the draft cache (the part of the drafter pass later steps
+                # read) and skip the query forward and its sampling.
+                self._store_context_only(**kwargs)
+                import torch
+
+                return torch.tensor(copies, dtype=torch.int64, device=self.device)
+            drafts = super().propose(**kwargs)  # [num_reqs, num_speculative_tokens]
+            confidence, self._confidence = self._confidence, None
+            if drafts.ndim != 2 or drafts.shape[1] == 0:
                 return drafts
-            rows = splice_rows(drafts.tolist(), pending, *self._lookup)
+            rows = splice_rows(drafts.tolist(), pending, *self._lookup) if self._lookup and pending else {}
+            probs = self._last_draft_probs  # [num_reqs, k, V] when vLLM sampled the drafts
             if rows:
                 import torch
 
                 index = torch.tensor(list(rows), device=drafts.device)
                 chains = torch.tensor(list(rows.values()), device=drafts.device, dtype=drafts.dtype)
                 drafts[index] = chains
-                probs = self._last_draft_probs  # [num_reqs, k, V] when vLLM sampled the drafts
                 if probs is not None:
+                    # Deterministic proposals wherever a copy exists, even where the drafter's sample equals it.
                     probs[index] = 0
                     probs[index.unsqueeze(1), torch.arange(chains.shape[1], device=drafts.device), chains.long()] = 1
-            return drafts
+            if not self._min_confidence:
+                return drafts
+            if probs is not None:  # the cut reads the distribution, never the sampled token: lossless at T > 0
+                confidence = probs.amax(dim=-1)
+            if confidence is None:
+                return drafts
+            return cut_rows(drafts.tolist(), confidence.view(drafts.shape).tolist(), rows, self._min_confidence)
+
+        def _store_context_only(self, *, num_speculative_tokens, target_token_ids, target_positions,
+                                target_hidden_states, next_token_ids, token_indices_to_sample, common_attn_metadata,
+                                num_rejected_tokens_gpu=None, **_):
+            """The first half of vLLM's ``propose`` for dflash: the context keys/values, no query forward."""
+            self.num_speculative_tokens = num_speculative_tokens
+            self._last_draft_probs = None  # the copies are deterministic proposals
+            num_tokens, _, _ = self.set_inputs_first_pass(
+                target_token_ids=target_token_ids, next_token_ids=next_token_ids, target_positions=target_positions,
+                target_hidden_states=self.model.combine_hidden_states(target_hidden_states),
+                token_indices_to_sample=token_indices_to_sample, cad=common_attn_metadata,
+                num_rejected_tokens_gpu=num_rejected_tokens_gpu)
+            self.build_model_inputs_first_pass(num_tokens, num_tokens, None)  # writes the context K/V
 
     LookupDFlashProposer.__name__ = LookupDFlashProposer.__qualname__ = "LookupDFlashProposer"
     return LookupDFlashProposer

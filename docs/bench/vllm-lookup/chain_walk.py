@@ -35,9 +35,9 @@ def streak(chain, labels):
 
 
 @torch.no_grad()
-def windows(drafter, verifier, prompts, completions):
-    """Per trajectory: context tokens, prompt length, the drafter's argmax window and the greedy labels at every
-    completion position that has MAX_GAMMA labels after it."""
+def windows(drafter, verifier, prompts, completions, gamma=MAX_GAMMA):
+    """Per trajectory: context tokens, prompt length, the drafter's argmax window, its top-1 probabilities and the
+    greedy labels at every completion position that has ``gamma`` labels after it."""
     out = []
     for start in range(0, len(prompts), 4):
         seqs = [p + c for p, c in zip(prompts[start:start + 4], completions[start:start + 4])]
@@ -46,7 +46,7 @@ def windows(drafter, verifier, prompts, completions):
         logits, feats = verifier.logits(ids, attention_mask=valid.long(), position_ids=positions,
                                         taps=drafter.tap_layers)
         pad, width = ids.shape[1], max(len(s) for s in seqs)
-        offsets = list(range(min(len(s) - n for s, n in zip(seqs, n_prompt)) - MAX_GAMMA + 1))
+        offsets = list(range(min(len(s) - n for s, n in zip(seqs, n_prompt)) - gamma + 1))
         tokens = torch.zeros(len(seqs), width, dtype=torch.long)
         greedy = torch.zeros_like(tokens)
         features = torch.zeros(len(seqs), width, feats.shape[-1])
@@ -56,12 +56,12 @@ def windows(drafter, verifier, prompts, completions):
             tokens[i, : len(seq)] = torch.as_tensor(seq)
             features[i, : len(seq) - 1] = feats[i, pad - len(seq) : pad - 1].float()
             anchors[i] = torch.as_tensor([n - 1 + o for o in offsets])
-        labels = greedy_labels(tokens, greedy, anchors, MAX_GAMMA)
+        labels = greedy_labels(tokens, greedy, anchors, gamma)
         batch = AnchorBatch(anchors=anchors, labels=labels, valid=torch.ones_like(anchors, dtype=torch.bool))
-        drafts = anchor_logits(drafter, drafter.model, tokens, features, batch, MAX_GAMMA).argmax(-1)
+        conf, drafts = anchor_logits(drafter, drafter.model, tokens, features, batch, gamma).softmax(-1).max(-1)
         if drafter.config.draft_vocab_size is not None:
             drafts = drafter.model.draft_ids[drafts]
-        out += [dict(ctx=s, n_prompt=n, drafts=drafts[i].tolist(), labels=labels[i].tolist())
+        out += [dict(ctx=s, n_prompt=n, drafts=drafts[i].tolist(), conf=conf[i].tolist(), labels=labels[i].tolist())
                 for i, (s, n) in enumerate(zip(seqs, n_prompt))]
     return out
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from ..export_vllm import DEFAULT_MIN_DRAFT_CONFIDENCE
 from ..models import DEFAULT_VERIFIER, default_verifier_path, resolve_model_path, state_dir
 from ..publish import publishing
 from .config import DEFAULT_DRAFTER, _Strict
@@ -44,6 +45,10 @@ class VLLMAppConfig(_Strict):
                        "drafter's window.")
     prompt_lookup: bool = Field(True, description="Draft a copy from the context where it has one, the drafter's "
                                 "window elsewhere (specdiff.vllm_plugin; n-grams 2 to 4).")
+    min_draft_confidence: float | None = Field(DEFAULT_MIN_DRAFT_CONFIDENCE, gt=0, lt=1, description="Verify the "
+                                               "drafter's tokens only while the running product of its top-1 "
+                                               "probabilities stays at or above this (specdiff.vllm_plugin); none: "
+                                               "every window whole.")
     speculation_max_batch: int | None = Field(None, ge=1, description="Speculate while the engine's batch holds at "
                                               "most this many requests, not above (none: always).")
     max_num_seqs: int = Field(64, ge=1, description="vLLM: requests batched per step.")
@@ -81,22 +86,26 @@ def speculative_config(export, gamma: int, max_batch: int | None, max_num_seqs: 
     return config
 
 
-def export_for_vllm(drafter_dir: Path, verifier_dir: Path, *, prompt_lookup: bool = True):
-    """The drafter exported for vLLM, once per drafter and verifier folder state and lookup setting
+def export_for_vllm(drafter_dir: Path, verifier_dir: Path, *, prompt_lookup: bool = True,
+                    min_draft_confidence: float | None = DEFAULT_MIN_DRAFT_CONFIDENCE):
+    """The drafter exported for vLLM, once per drafter and verifier folder state and plugin setting
     (``$SPECDIFF_HOME/vllm/<key>``, published atomically: replicas starting together never read half an export)."""
     from ..export_vllm import DEFAULT_PROMPT_LOOKUP, EXPORT_META, VllmExport, export_vllm
 
     lookup = DEFAULT_PROMPT_LOOKUP if prompt_lookup else None
-    suffix = f"lookup{lookup[0]}-{lookup[1]}" if lookup else "drafter-only"
+    suffix = (f"lookup{lookup[0]}-{lookup[1]}" if lookup else "drafter-only") + (
+        f"-cut{min_draft_confidence:g}" if min_draft_confidence else "")
     target = state_dir() / "vllm" / f"{_digest(drafter_dir)}-{_digest(verifier_dir)}-{suffix}"
     if not (target / EXPORT_META).is_file():
         with publishing(target) as partial:  # where another replica published it first, its copy stays
-            export_vllm(drafter_dir, partial, verifier_dir=verifier_dir, prompt_lookup=lookup)
+            export_vllm(drafter_dir, partial, verifier_dir=verifier_dir, prompt_lookup=lookup,
+                        min_draft_confidence=min_draft_confidence)
     meta = json.loads((target / EXPORT_META).read_text())["export"]
     return VllmExport(path=target, num_speculative_tokens=meta["num_speculative_tokens"],
                       mask_token_id=meta["mask_token_id"], draft_vocab_size=meta["draft_vocab_size"],
                       target_layer_ids=tuple(meta["target_layer_ids"]),
-                      prompt_lookup=tuple(meta["prompt_lookup"]) if meta.get("prompt_lookup") else None)
+                      prompt_lookup=tuple(meta["prompt_lookup"]) if meta.get("prompt_lookup") else None,
+                      min_draft_confidence=meta.get("min_draft_confidence"))
 
 
 def _digest(folder: Path) -> str:
@@ -126,7 +135,8 @@ def llm_config(cfg: VLLMAppConfig):
     }
     if cfg.drafter is not None:
         drafter_dir = _drafter_dir(cfg.drafter)
-        export = export_for_vllm(drafter_dir, verifier_dir, prompt_lookup=cfg.prompt_lookup)
+        export = export_for_vllm(drafter_dir, verifier_dir, prompt_lookup=cfg.prompt_lookup,
+                                 min_draft_confidence=cfg.min_draft_confidence)
         engine["speculative_config"] = speculative_config(export, cfg.gamma, cfg.speculation_max_batch,
                                                           cfg.max_num_seqs)
     engine.update(cfg.engine_kwargs)
