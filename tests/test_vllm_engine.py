@@ -136,10 +136,12 @@ def test_bench_puts_vllm_rows_beside_ours(runs):
 
 
 def test_plugin_gets_copies_accepted_where_an_untrained_drafter_gets_none(runs):
-    """specdiff.vllm_plugin inside vLLM (loaded through its entry point in vLLM's worker process): with a random-init
-    drafter, whose drafts vLLM alone accepts none of, the copied candidate still gets tokens accepted on these
-    prompts (our lookup replayed offline on their greedy outputs: 25 over the four), and every output stays greedy
-    decoding's."""
+    """specdiff.vllm_plugin inside vLLM (loaded through its entry point in vLLM's worker process): with an untrained
+    drafter whose marginals are flat (final norm zeroed: every top-1 probability 1/V_draft), vLLM alone would accept
+    none of its drafts; the copied candidate still gets tokens accepted on these prompts (our lookup replayed offline
+    on their greedy outputs: 25 over the four), the confidence cut (export default) removes every drafter window, so
+    only the steps with a copy verify anything (variable-length drafts through vLLM's scheduler), and every output
+    stays greedy decoding's."""
     from vllm import LLM
     from vllm import SamplingParams as VllmSampling
     from vllm.inputs import TokensPrompt
@@ -150,15 +152,19 @@ def test_plugin_gets_copies_accepted_where_an_untrained_drafter_gets_none(runs):
 
     verifier_dir = default_verifier_path()
     model, _ = load_causal_lm(str(verifier_dir), "float32")
-    save_feature_drafter(build_feature_drafter(model, max_gamma=GAMMA, seed=0, init_from_verifier=False),
-                         runs["root"] / "random")
+    flat = build_feature_drafter(model, max_gamma=GAMMA, seed=0, init_from_verifier=False)
+    with torch.no_grad():
+        flat.model.norm.weight.zero_()  # hidden states 0: logits 0, uniform marginals
+    save_feature_drafter(flat, runs["root"] / "random")
     export = export_vllm(runs["root"] / "random", runs["root"] / "random-vllm", verifier_dir=verifier_dir)
-    assert export.prompt_lookup == (2, 4)
+    assert export.prompt_lookup == (2, 4) and export.min_draft_confidence is not None
     llm = LLM(model=str(verifier_dir), dtype="float32", enforce_eager=True, max_model_len=2048, seed=0,
               speculative_config=export.speculative_config(GAMMA), per_request_spec_decode_metrics="summary")
     results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in runs["prompts"]],
                            VllmSampling(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
     assert [list(r.outputs[0].token_ids) for r in results] == runs["plain"]
     counts = bench_vllm.spec_counters(results)
-    print("random drafter + copied candidates:", counts)
+    print("flat drafter + copied candidates:", counts)
     assert counts["drafts"] > 0 and counts["accepted_tokens"] >= 5, counts
+    steps = len(results) * MAX_TOKENS - counts["accepted_tokens"]  # verification steps (each emits accepted + 1)
+    assert counts["drafts"] < steps / 2, (counts, steps)  # only the copy steps drafted (uncut: every step)
