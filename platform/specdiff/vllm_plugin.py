@@ -10,13 +10,24 @@ teacher-forced on held-out greedy trajectories (default drafter, window 4, n-gra
 Exact: vLLM verifies every draft token as before. At T=0 acceptance keeps the draft's longest prefix that matches
 greedy decoding, whatever proposed it. At T>0 a copied token is a deterministic proposal (probability 1), accepted
 with probability p(x) and resampled from p without x otherwise, which is lossless; where vLLM sampled the drafter's
-tokens with their probabilities (``draft_sample_method='probabilistic'``), a replaced row's are set one-hot.
+tokens with their probabilities (``draft_sample_method='probabilistic'``), every row with a copy gets one-hot
+probabilities (also where the drafter's sample equals the copy: the proposal there is the copy).
+
+Two savings on top (measured in docs/bench/vllm-lookup):
+
+- Where every request of the step has a copy of the whole window, the drafter's window would be thrown away: only
+  the first half of vLLM's drafter pass runs (the new context tokens' keys/values into the draft cache, which later
+  steps read); the query forward and its sampling are skipped.
+- ``dflash_config.specdiff_min_draft_confidence: c``: the drafter's window is verified only while the running
+  product of its top-1 probabilities stays >= c (copies whole). The cut reads the drafter's distribution, not the
+  probability of a sampled token, so the length never depends on the draw (lossless at T > 0). vLLM's scheduler
+  takes variable-length drafts (as for n-gram) without async scheduling; with it the cut is off.
 
 How it is switched on: ``specdiff.export_vllm`` writes ``dflash_config.specdiff_prompt_lookup: {min_ngram,
 max_ngram}`` into the export's config.json (``--no-prompt-lookup`` leaves it out). vLLM loads this plugin in every
 process through the entry point ``vllm.general_plugins`` (pyproject.toml; ``VLLM_PLUGINS`` filters plugins), and
 ``register`` rebinds ``DFlashProposer`` in vLLM's model runner (the CPU runner inherits it) to a subclass that
-behaves as vLLM's own unless the drafter's config asks for lookup. Without this package installed the key is
+behaves as vLLM's own unless the drafter's config asks for lookup or the cut. Without this package installed the key is
 ignored and vLLM runs the drafter alone.
 
 Cost: one n-gram search per request per step on the CPU (``lookup.lookup_continuation``, the last 2048 tokens),
@@ -171,11 +182,11 @@ def _lookup_proposer(base: type) -> type:
             self._confidence = (top.float() - logits.float().logsumexp(dim=-1)).exp()
             return ids
 
-        def propose(self, **kwargs):
+        def propose(self, *args, **kwargs):
             self._confidence = None
             pending, self._pending = self._pending, None
             copies = full_copies(pending, kwargs.get("num_speculative_tokens") or 0, *self._lookup) \
-                if self._lookup and pending else None
+                if self._lookup and pending and not args else None  # vLLM 0.32's runner passes keywords
             if copies is not None:
                 # Every request verifies a copy this step and the drafter's window would be discarded: write the
                 # new context tokens' keys/values into the draft cache (the part of the drafter pass later steps
@@ -184,7 +195,7 @@ def _lookup_proposer(base: type) -> type:
                 import torch
 
                 return torch.tensor(copies, dtype=torch.int64, device=self.device)
-            drafts = super().propose(**kwargs)  # [num_reqs, num_speculative_tokens]
+            drafts = super().propose(*args, **kwargs)  # [num_reqs, num_speculative_tokens]
             confidence, self._confidence = self._confidence, None
             if drafts.ndim != 2 or drafts.shape[1] == 0:
                 return drafts
