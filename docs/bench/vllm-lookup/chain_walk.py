@@ -84,15 +84,21 @@ RULES = {
     "oracle": lambda d, c, lab: max(streak(d, lab), streak(c, lab)),
 }
 
-if __name__ == "__main__":
+def trajectories(drafter_dir, gamma=MAX_GAMMA):
+    """Domain -> ``windows`` of every eval prompt's 96-token greedy trajectory (float32)."""
     model, tok = load_causal_lm(DEFAULT_VERIFIER, torch.float32)
-    drafter = load_feature_drafter(sys.argv[1], model, dtype=torch.float32)
+    drafter = load_feature_drafter(drafter_dir, model, dtype=torch.float32)
     data = {}
     for d in DOMAINS:
         prompts = [chat_prompt_ids(tok, t)[-160:] for t in load_prompts(d, "eval")]
         comps, _, _ = sample_completions(HFModel(model), prompts, 96, SamplingParams(0.0), 0, None)
-        data[d] = windows(drafter, HFModel(model), prompts, comps.tolist())
+        data[d] = windows(drafter, HFModel(model), prompts, comps.tolist(), gamma)
         print(f"{d}: {len(prompts)} trajectories", flush=True)
+    return data
+
+
+if __name__ == "__main__":
+    data = trajectories(sys.argv[1])
     print("tokens per step (T=0, teacher-forced):")
     for gamma in (4, 8):
         for min_ngram in (1, 2, 3):

@@ -11,17 +11,9 @@ import collections
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).parent))
 import chain_walk as cw  # noqa: E402
-from specdiff import SamplingParams  # noqa: E402
-from specdiff.distill.teacher import sample_completions  # noqa: E402
-from specdiff.feature_drafter import load_feature_drafter  # noqa: E402
-from specdiff.hf import HFModel  # noqa: E402
 from specdiff.lookup import lookup_or_draft  # noqa: E402
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm  # noqa: E402
-from specdiff.prompts import DOMAINS, chat_prompt_ids, load_prompts  # noqa: E402
 from specdiff.vllm_plugin import cut_rows  # noqa: E402
 
 G = 4
@@ -45,13 +37,7 @@ def walk(trajectories, threshold):
 
 
 if __name__ == "__main__":
-    model, tok = load_causal_lm(DEFAULT_VERIFIER, torch.float32)
-    drafter = load_feature_drafter(sys.argv[1], model, dtype=torch.float32)
-    data = {}
-    for d in DOMAINS:
-        prompts = [chat_prompt_ids(tok, t)[-160:] for t in load_prompts(d, "eval")]
-        comps, _, _ = sample_completions(HFModel(model), prompts, 96, SamplingParams(0.0), 0, None)
-        data[d] = cw.windows(drafter, HFModel(model), prompts, comps.tolist(), gamma=G)
+    data = cw.trajectories(sys.argv[1], gamma=G)
     for threshold in (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8):
         for d, t in data.items():
             per_step, lengths = walk(t, threshold)
