@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from specdiff.lookup import lookup_or_draft
-from specdiff.vllm_plugin import _lookup_proposer, confidence_setting, cut_rows, full_copies, register, splice_rows
+from specdiff.vllm_plugin import (_FIRST_PASS, _lookup_proposer, confidence_setting, cut_rows, full_copies, register,
+                                  splice_rows)
 
 V = 100
 
@@ -55,13 +56,14 @@ class StandInDFlash:
         return {}, num_tokens
 
 
-def proposer(lookup: dict | None, confidence: float | None = None, async_scheduling: bool = False):
+def proposer(lookup: dict | None, confidence: float | None = None, async_scheduling: bool = False,
+             base: type = StandInDFlash):
     dflash = {"mask_token_id": 0, **({"specdiff_prompt_lookup": lookup} if lookup else {}),
               **({"specdiff_min_draft_confidence": confidence} if confidence else {})}
     config = SimpleNamespace(speculative_config=SimpleNamespace(
         draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(dflash_config=dflash))),
         scheduler_config=SimpleNamespace(async_scheduling=async_scheduling))
-    return _lookup_proposer(StandInDFlash)(config, "cpu")
+    return _lookup_proposer(base)(config, "cpu")
 
 
 def step(k: int = 4) -> dict:
@@ -160,6 +162,18 @@ def test_every_request_copying_skips_the_drafters_query_pass():
     assert p.propose(**step()).tolist() == [[7, 8, 9, 5], [11, 12, 13, 14]] and p.calls == ["propose"]
 
 
+def test_a_vllm_without_the_first_pass_steps_runs_the_drafter_every_step(caplog):
+    class OlderDFlash(StandInDFlash):
+        set_inputs_first_pass = None
+
+    with caplog.at_level(logging.WARNING, logger="specdiff.vllm_plugin"):
+        p = proposer({"min_ngram": 2, "max_ngram": 4}, base=OlderDFlash)
+    assert "the drafter runs on every step" in caplog.text
+    p.prepare_next_token_ids_padded(torch.tensor([[-1]]), {}, batch([[5, 6, 7, 8, 9, 5, 6]]), torch.tensor([False]))
+    p.drafts = torch.tensor([[0, 0, 0, 0]])
+    assert p.propose(**step()).tolist() == [[7, 8, 9, 5]] and p.calls == ["propose"]  # spliced, not skipped
+
+
 def test_full_copies_needs_every_row_and_the_whole_window():
     assert full_copies([[5, 6, 7, 5, 6], [1, 2, 3, 1, 2]], 2, 2, 4) == [[7, 5], [3, 1]]
     assert full_copies([[5, 6, 7, 5, 6], [1, 2, 3, 1, 2]], 4, 2, 4) is None  # 3 tokens follow the earlier [5, 6]
@@ -223,3 +237,6 @@ def test_register_patches_vllms_runner_once_or_warns(caplog):
     register()  # vLLM may call it more than once per process
     cls = gpu_model_runner.DFlashProposer
     assert cls._specdiff_lookup and cls.__mro__[1].__name__ == "DFlashProposer"
+    # The vLLM steps the plugin calls or overrides: a vLLM that renames them fails here, not silently.
+    base = cls.__mro__[1]
+    assert all(callable(getattr(base, name, None)) for name in _FIRST_PASS + ("_greedy_sample",))

@@ -27,8 +27,8 @@ How it is switched on: ``specdiff.export_vllm`` writes ``dflash_config.specdiff_
 max_ngram}`` into the export's config.json (``--no-prompt-lookup`` leaves it out). vLLM loads this plugin in every
 process through the entry point ``vllm.general_plugins`` (pyproject.toml; ``VLLM_PLUGINS`` filters plugins), and
 ``register`` rebinds ``DFlashProposer`` in vLLM's model runner (the CPU runner inherits it) to a subclass that
-behaves as vLLM's own unless the drafter's config asks for lookup or the cut. Without this package installed the key is
-ignored and vLLM runs the drafter alone.
+behaves as vLLM's own unless the drafter's config asks for lookup or the cut. Without this package installed the
+keys are ignored and vLLM runs the drafter alone.
 
 Cost: one n-gram search per request per step on the CPU (``lookup.lookup_continuation``, the last 2048 tokens),
 and on a GPU a device-to-host copy of the step's sampled tokens.
@@ -117,6 +117,9 @@ def cut_rows(drafts: list[list[int]], confidence: list[list[float]], keep: set[i
     return out
 
 
+_FIRST_PASS = ("set_inputs_first_pass", "build_model_inputs_first_pass")  # vLLM's dflash steps the skip runs
+
+
 def _histories(input_batch, sampled=None, vocab_size: int = 0) -> list[list[int] | None]:
     """Each request's latest committed tokens (``input_batch`` rows; the lookup's window, not the whole context),
     plus this step's valid ``sampled`` tokens where the runner has not written them yet (vLLM's padded drafter batch
@@ -149,6 +152,11 @@ def _lookup_proposer(base: type) -> type:
                 # Async scheduling keeps the drafts on the device in a fixed [num_reqs, k] layout.
                 logger.info("specdiff: async scheduling keeps every draft whole (no confidence cut)")
                 self._min_confidence = None
+            # The skipped drafter pass calls two of vLLM's own steps; under another vLLM layout, no skip.
+            self._skip = bool(self._lookup) and all(callable(getattr(self, name, None)) for name in _FIRST_PASS)
+            if self._lookup and not self._skip:
+                logger.warning("specdiff: this vLLM's DFlashProposer lacks %s; the drafter runs on every step",
+                               " or ".join(_FIRST_PASS))
             self._pending: list[list[int] | None] | None = None
             self._confidence = None
             if self._lookup:
@@ -186,7 +194,7 @@ def _lookup_proposer(base: type) -> type:
             self._confidence = None
             pending, self._pending = self._pending, None
             copies = full_copies(pending, kwargs.get("num_speculative_tokens") or 0, *self._lookup) \
-                if self._lookup and pending and not args else None  # vLLM 0.32's runner passes keywords
+                if self._skip and pending and not args else None  # vLLM 0.32's runner passes keywords
             if copies is not None:
                 # Every request verifies a copy this step and the drafter's window would be discarded: write the
                 # new context tokens' keys/values into the draft cache (the part of the drafter pass later steps
