@@ -14,7 +14,7 @@ import torch
 
 from specdiff.lookup import lookup_or_draft
 from specdiff.vllm_plugin import (_FIRST_PASS, _lookup_proposer, confidence_setting, cut_rows, full_copies, register,
-                                  splice_rows)
+                                  splice_rows, step_copies)
 
 V = 100
 
@@ -128,8 +128,15 @@ def test_no_lookup_in_the_export_leaves_vllms_drafts():
 def test_splice_rows_reports_every_row_with_a_copy():
     # Also where the drafter's window equals the copy: at T > 0 that row's proposal is the deterministic copy, and
     # keeping the drafter's probabilities for it would bias acceptance.
-    assert splice_rows([[7, 8, 5, 6], [1, 1]], [[5, 6, 7, 8, 5, 6], None], 2, 4) == {0: [7, 8, 5, 6]}
-    assert splice_rows([[0, 0, 0, 0], [1, 1]], [[5, 6, 7, 8, 5, 6], [1, 2, 3]], 2, 4) == {0: [7, 8, 5, 6]}
+    copies = step_copies([[5, 6, 7, 8, 5, 6], None], 4, 2, 4)
+    assert copies == [[7, 8, 5, 6], None]
+    assert splice_rows([[7, 8, 5, 6], [1, 1, 1, 1]], copies) == {0: [7, 8, 5, 6]}
+    assert splice_rows([[0, 0, 0, 0], [1, 1, 1, 1]], step_copies([[5, 6, 7, 8, 5, 6], [1, 2, 3]], 4, 2, 4)) == {
+        0: [7, 8, 5, 6]}
+    # A short copy is completed by the drafter's tokens, as lookup_or_draft does.
+    history, draft = [5, 6, 7, 5, 6], [9, 9, 9, 9]
+    assert splice_rows([draft], step_copies([history], 4, 2, 4)) == {0: lookup_or_draft(draft, history)} == {
+        0: [7, 5, 6, 9]}
 
 
 def test_a_copy_equal_to_the_drafters_sample_still_gets_one_hot_probabilities():
@@ -175,10 +182,12 @@ def test_a_vllm_without_the_first_pass_steps_runs_the_drafter_every_step(caplog)
 
 
 def test_full_copies_needs_every_row_and_the_whole_window():
-    assert full_copies([[5, 6, 7, 5, 6], [1, 2, 3, 1, 2]], 2, 2, 4) == [[7, 5], [3, 1]]
-    assert full_copies([[5, 6, 7, 5, 6], [1, 2, 3, 1, 2]], 4, 2, 4) is None  # 3 tokens follow the earlier [5, 6]
-    assert full_copies([[5, 6, 7, 5, 6], None], 1, 2, 4) is None  # a partial prefill
-    assert full_copies([], 4, 2, 4) is None and full_copies([[5, 6, 5, 6]], 0, 2, 4) is None
+    rows = [[5, 6, 7, 5, 6], [1, 2, 3, 1, 2]]
+    assert full_copies(step_copies(rows, 2, 2, 4), 2) == [[7, 5], [3, 1]]
+    assert full_copies(step_copies(rows, 4, 2, 4), 4) is None  # 3 tokens follow the earlier [5, 6]
+    assert full_copies(step_copies([[5, 6, 7, 5, 6], None], 1, 2, 4), 1) is None  # a partial prefill
+    assert full_copies(step_copies([[1, 2, 3]], 1, 2, 4), 1) is None  # no earlier occurrence
+    assert full_copies([], 4) is None and full_copies(step_copies([[5, 6, 5, 6]], 0, 2, 4), 0) is None
 
 
 def test_cut_rows_keeps_the_drafts_while_the_running_confidence_holds():
@@ -240,3 +249,18 @@ def test_register_patches_vllms_runner_once_or_warns(caplog):
     # The vLLM steps the plugin calls or overrides: a vLLM that renames them fails here, not silently.
     base = cls.__mro__[1]
     assert all(callable(getattr(base, name, None)) for name in _FIRST_PASS + ("_greedy_sample",))
+
+
+def test_one_search_per_request_per_step(monkeypatch):
+    """The skip test and the splice read the same copies: each request's context is searched once a step."""
+    import specdiff.vllm_plugin as plugin
+
+    searched = []
+    real = plugin.lookup_continuation
+    monkeypatch.setattr(plugin, "lookup_continuation", lambda h, *a, **k: searched.append(list(h)) or real(h, *a, **k))
+    p = proposer({"min_ngram": 2, "max_ngram": 4})
+    ib = batch([[5, 6, 7, 8, 9, 5, 6], [1, 2, 3]])  # row 1 has no copy: the drafter runs, row 0 is spliced
+    p.prepare_next_token_ids_padded(torch.tensor([[-1], [-1]]), {}, ib, torch.tensor([False, False]))
+    p.drafts = torch.tensor([[0, 0, 0, 0], [11, 12, 13, 14]])
+    assert p.propose(**step()).tolist() == [[7, 8, 9, 5], [11, 12, 13, 14]]
+    assert searched == [[5, 6, 7, 8, 9, 5, 6], [1, 2, 3]]

@@ -41,7 +41,7 @@ from typing import Any
 
 from .export_vllm import CONFIDENCE_CONFIG_KEY as CONFIDENCE_KEY
 from .export_vllm import LOOKUP_CONFIG_KEY as CONFIG_KEY
-from .lookup import LOOKUP_WINDOW, lookup_continuation, lookup_or_draft
+from .lookup import LOOKUP_WINDOW, lookup_continuation
 
 logger = logging.getLogger(__name__)
 
@@ -73,30 +73,29 @@ def confidence_setting(hf_config: Any) -> float | None:
     return float(value)
 
 
-def splice_rows(drafts: list[list[int]], histories: list[list[int] | None], min_ngram: int,
-                max_ngram: int) -> dict[int, list[int]]:
-    """Row index -> the chain to verify, for the rows whose context has a copy (the copy completed by the drafter's
-    tokens; possibly equal to the drafter's own draft)."""
-    out = {}
-    for i, (draft, history) in enumerate(zip(drafts, histories)):
-        if history:
-            chain = lookup_or_draft(draft, history, min_ngram=min_ngram, max_ngram=max_ngram)
-            if chain is not None:
-                out[i] = chain
-    return out
+def step_copies(histories: list[list[int] | None], k: int, min_ngram: int,
+                max_ngram: int) -> list[list[int] | None]:
+    """Each row's copied continuation of up to ``k`` tokens (``specdiff.lookup``): None where its context has no
+    earlier occurrence of its suffix n-gram, or where it has no history (a partial prefill). One search per row per
+    step: the skip (``full_copies``) and the splice (``splice_rows``) both read this list."""
+    if k < 1:
+        return [None] * len(histories)
+    return [(lookup_continuation(h, k, min_ngram=min_ngram, max_ngram=max_ngram) or None) if h else None
+            for h in histories]
 
 
-def full_copies(histories: list[list[int] | None], k: int, min_ngram: int, max_ngram: int) -> list[list[int]] | None:
-    """Every row's copied continuation when each row has one of all ``k`` tokens, else None."""
-    if k < 1 or not histories:
+def full_copies(copies: list[list[int] | None], k: int) -> list[list[int]] | None:
+    """``copies`` when every row has a copy of all ``k`` tokens, else None."""
+    if k < 1 or not copies or any(c is None or len(c) < k for c in copies):
         return None
-    out = []
-    for history in histories:
-        copy = lookup_continuation(history, k, min_ngram=min_ngram, max_ngram=max_ngram) if history else None
-        if not copy or len(copy) < k:
-            return None
-        out.append(copy)
-    return out
+    return copies
+
+
+def splice_rows(drafts: list[list[int]], copies: list[list[int] | None]) -> dict[int, list[int]]:
+    """Row index -> the chain to verify, for the rows that have a copy: the copy completed by the drafter's tokens
+    (``lookup.lookup_or_draft``; possibly equal to the drafter's own draft)."""
+    return {i: copy[: len(draft)] + list(draft[len(copy):])
+            for i, (draft, copy) in enumerate(zip(drafts, copies)) if copy and draft}
 
 
 def cut_rows(drafts: list[list[int]], confidence: list[list[float]], keep: set[int] | dict,
@@ -193,21 +192,26 @@ def _lookup_proposer(base: type) -> type:
         def propose(self, *args, **kwargs):
             self._confidence = None
             pending, self._pending = self._pending, None
-            copies = full_copies(pending, kwargs.get("num_speculative_tokens") or 0, *self._lookup) \
-                if self._skip and pending and not args else None  # vLLM 0.32's runner passes keywords
-            if copies is not None:
+            k = kwargs.get("num_speculative_tokens") or 0  # vLLM 0.32's runner passes keywords
+            copies = step_copies(pending, k, *self._lookup) if self._lookup and pending and k else None
+            full = full_copies(copies, k) if self._skip and copies is not None and not args else None
+            if full is not None:
                 # Every request verifies a copy this step and the drafter's window would be discarded: write the
                 # new context tokens' keys/values into the draft cache (the part of the drafter pass later steps
                 # read) and skip the query forward and its sampling.
                 self._store_context_only(**kwargs)
                 import torch
 
-                return torch.tensor(copies, dtype=torch.int64, device=self.device)
+                return torch.tensor(full, dtype=torch.int64, device=self.device)
             drafts = super().propose(*args, **kwargs)  # [num_reqs, num_speculative_tokens]
             confidence, self._confidence = self._confidence, None
             if drafts.ndim != 2 or drafts.shape[1] == 0:
                 return drafts
-            rows = splice_rows(drafts.tolist(), pending, *self._lookup) if self._lookup and pending else {}
+            rows = {}
+            if self._lookup and pending:
+                if copies is None or drafts.shape[1] != k:  # called positionally: the window's size is known now
+                    copies = step_copies(pending, drafts.shape[1], *self._lookup)
+                rows = splice_rows(drafts.tolist(), copies)
             probs = self._last_draft_probs  # [num_reqs, k, V] when vLLM sampled the drafts
             if rows:
                 import torch
