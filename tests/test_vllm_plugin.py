@@ -229,7 +229,8 @@ def test_confidence_setting_is_read_and_checked():
     assert confidence_setting(SimpleNamespace(dflash_config={"specdiff_min_draft_confidence": 0.3})) == 0.3
     assert confidence_setting(SimpleNamespace(dflash_config={})) is None
     assert confidence_setting(SimpleNamespace()) is None
-    for bad in (1.5, -0.1, 1, "0.3", True):
+    assert confidence_setting(SimpleNamespace(dflash_config={"specdiff_min_draft_confidence": 0})) is None  # off
+    for bad in (1.5, -0.1, 1, "0.3", True, False):
         with pytest.raises(ValueError, match="specdiff_min_draft_confidence must be a probability"):
             confidence_setting(SimpleNamespace(dflash_config={"specdiff_min_draft_confidence": bad}))
 

@@ -71,6 +71,14 @@ class VllmExport:
 
 
 DEFAULT_PROMPT_LOOKUP = (2, 4)  # n-gram sizes: the best of 1-4 / 2-4 / 3-4 teacher-forced (docs/vllm.md)
+def checked_confidence(value: object, name: str, alternatives: str = "") -> float:
+    """``value`` as a float when it is a probability in (0, 1), else a ValueError naming ``name``: the one check of
+    the confidence cut's setting, for the export that writes it and the plugin that reads it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"{name} must be a probability in (0, 1){alternatives}, got {value!r}")
+    return float(value)
+
+
 DEFAULT_MIN_DRAFT_CONFIDENCE = 0.3  # docs/vllm.md, "Confidence cut"; docs/bench/vllm-lookup/cut_walk.py
 
 
@@ -120,11 +128,7 @@ def export_vllm(drafter_dir: str | Path, out_dir: str | Path, *, verifier_dir: s
                              f"{prompt_lookup!r}")
         prompt_lookup = (int(prompt_lookup[0]), int(prompt_lookup[1]))
     if min_draft_confidence is not None:
-        if isinstance(min_draft_confidence, bool) or not isinstance(min_draft_confidence, (int, float)) \
-                or not 0 < min_draft_confidence < 1:
-            raise ValueError(f"min_draft_confidence must be a probability in (0, 1) or None, got "
-                             f"{min_draft_confidence!r}")
-        min_draft_confidence = float(min_draft_confidence)
+        min_draft_confidence = checked_confidence(min_draft_confidence, "min_draft_confidence", " or None")
 
     tensors = {k: v.contiguous() for k, v in state.items() if k not in _NOT_VLLM_KEYS}
     if sliced:

@@ -41,6 +41,7 @@ from typing import Any
 
 from .export_vllm import CONFIDENCE_CONFIG_KEY as CONFIDENCE_KEY
 from .export_vllm import LOOKUP_CONFIG_KEY as CONFIG_KEY
+from .export_vllm import checked_confidence
 from .lookup import LOOKUP_WINDOW, lookup_continuation
 
 logger = logging.getLogger(__name__)
@@ -66,11 +67,9 @@ def confidence_setting(hf_config: Any) -> float | None:
     drafter's window is cut, or None."""
     dflash = getattr(hf_config, "dflash_config", None) or {}
     value = dflash.get(CONFIDENCE_KEY) if isinstance(dflash, dict) else None
-    if value is None or value == 0:
+    if value is None or (value == 0 and not isinstance(value, bool)):
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise ValueError(f"dflash_config.{CONFIDENCE_KEY} must be a probability in (0, 1), got {value!r}")
-    return float(value)
+    return checked_confidence(value, f"dflash_config.{CONFIDENCE_KEY}")
 
 
 def step_copies(histories: list[list[int] | None], k: int, min_ngram: int,
