@@ -71,15 +71,15 @@ class VllmExport:
 
 
 DEFAULT_PROMPT_LOOKUP = (2, 4)  # n-gram sizes: the best of 1-4 / 2-4 / 3-4 teacher-forced (docs/vllm.md)
+DEFAULT_MIN_DRAFT_CONFIDENCE = 0.3  # docs/vllm.md, "Confidence cut"; docs/bench/vllm-lookup/cut_walk.py
+
+
 def checked_confidence(value: object, name: str, alternatives: str = "") -> float:
     """``value`` as a float when it is a probability in (0, 1), else a ValueError naming ``name``: the one check of
     the confidence cut's setting, for the export that writes it and the plugin that reads it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
         raise ValueError(f"{name} must be a probability in (0, 1){alternatives}, got {value!r}")
     return float(value)
-
-
-DEFAULT_MIN_DRAFT_CONFIDENCE = 0.3  # docs/vllm.md, "Confidence cut"; docs/bench/vllm-lookup/cut_walk.py
 
 
 def export_vllm(drafter_dir: str | Path, out_dir: str | Path, *, verifier_dir: str | Path,
