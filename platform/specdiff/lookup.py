@@ -53,6 +53,10 @@ def lookup_or_draft(draft: Sequence[int], tokens: Sequence[int], *, min_ngram: i
     if not draft:
         return None
     copied = lookup_continuation(tokens, len(draft), min_ngram=min_ngram, max_ngram=max_ngram)
-    if not copied:
-        return None
-    return copied + list(draft[len(copied):])
+    return spliced(copied, draft) if copied else None
+
+
+def spliced(copied: Sequence[int], draft: Sequence[int]) -> list[int]:
+    """The chain ``lookup_or_draft`` verifies: ``copied`` (at most ``len(draft)`` tokens), then the drafter's own
+    tokens past it."""
+    return list(copied) + list(draft[len(copied):])

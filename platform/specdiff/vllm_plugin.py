@@ -42,7 +42,7 @@ from typing import Any
 from .export_vllm import CONFIDENCE_CONFIG_KEY as CONFIDENCE_KEY
 from .export_vllm import LOOKUP_CONFIG_KEY as CONFIG_KEY
 from .export_vllm import checked_confidence
-from .lookup import LOOKUP_WINDOW, lookup_continuation
+from .lookup import LOOKUP_WINDOW, lookup_continuation, spliced
 
 logger = logging.getLogger(__name__)
 
@@ -91,10 +91,10 @@ def full_copies(copies: list[list[int] | None], k: int) -> list[list[int]] | Non
 
 
 def splice_rows(drafts: list[list[int]], copies: list[list[int] | None]) -> dict[int, list[int]]:
-    """Row index -> the chain to verify, for the rows that have a copy: the copy completed by the drafter's tokens
-    (``lookup.lookup_or_draft``; possibly equal to the drafter's own draft)."""
-    return {i: copy[: len(draft)] + list(draft[len(copy):])
-            for i, (draft, copy) in enumerate(zip(drafts, copies)) if copy and draft}
+    """Row index -> the chain to verify, for the rows that have a copy (``step_copies`` of the drafts' width): the copy
+    completed by the drafter's tokens (``lookup.spliced``, as ``lookup.lookup_or_draft``; possibly equal to the
+    drafter's own draft)."""
+    return {i: spliced(copy, draft) for i, (draft, copy) in enumerate(zip(drafts, copies)) if copy and draft}
 
 
 def cut_rows(drafts: list[list[int]], confidence: list[list[float]], keep: set[int] | dict,
