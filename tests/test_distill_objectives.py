@@ -146,3 +146,27 @@ def test_masked_diffusion_mask_and_unbiased_weighting():
     assert float(loss) == pytest.approx(float(naive_window_loss(logits, labels)), rel=0.05)
     with pytest.raises(ValueError, match="temperature"):
         label_logprobs(logits, labels, 0.0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_head_label_logprobs_equals_the_plain_head_and_log_softmax(monkeypatch, temperature):
+    # Training's chunked head against logits -> label_logprobs, values and gradients in float64; chunks of 3 rows
+    # over 10 rows (a short last chunk); a label of -1 is unreachable (constant, no gradient).
+    import specdiff.objectives as objectives
+    from specdiff.objectives import UNREACHABLE_LOGP, head_label_logprobs
+
+    monkeypatch.setattr(objectives, "HEAD_CHUNK_BYTES", 3 * 4 * 11)  # 3 rows of an 11-token head
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 5, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 6, generator=gen, dtype=torch.float64) * 2
+    labels = torch.randint(0, 11, (2, 5), generator=gen)
+    labels[0, 2] = labels[1, 4] = -1
+    upstream = torch.randn(2, 5, generator=gen, dtype=torch.float64)
+
+    chunked = head_label_logprobs(hidden, weight, labels, temperature)
+    (g_chunked,) = torch.autograd.grad((chunked * upstream).sum(), hidden)
+    plain = label_logprobs(hidden @ weight.T, labels, temperature)
+    (g_plain,) = torch.autograd.grad((plain * upstream).sum(), hidden)
+    torch.testing.assert_close(chunked, plain)
+    assert float(chunked[0, 2]) == UNREACHABLE_LOGP
+    torch.testing.assert_close(g_chunked, g_plain)

@@ -246,7 +246,7 @@ def test_prompt_anchors_are_labelled_by_the_teachers_prefill_argmax():
         greedy_targets({"prompt_ids": prompts}, tokens)
 
 
-@pytest.mark.parametrize("kind", ["streak", "decayed_ce"])
+@pytest.mark.parametrize("kind", ["streak", "decayed_ce", "naive", "ar_distill"])
 def test_training_loss_selects_windows_before_the_head_and_equals_the_per_window_formulation(kind):
     # feature_loss keeps the valid windows' hidden rows before the head (cheaper than indexing the logits); loss and
     # gradients must equal the plain formulation: every block's logits, then the valid ones. One trajectory is too
@@ -254,7 +254,7 @@ def test_training_loss_selects_windows_before_the_head_and_equals_the_per_window
     from specdiff.distill.config import ObjectiveSection
     from specdiff.distill.feature import collate, encode_features, feature_loss
     from specdiff.feature_drafter import sample_anchors
-    from specdiff.objectives import decayed_ce_loss, streak_loss
+    from specdiff.objectives import ar_distill_first_position_loss, decayed_ce_loss, naive_window_loss, streak_loss
 
     model = tiny_llama(64, init_std=0.3)
     d = build_feature_drafter(model, target_layer_ids=[0, 1], seed=2, draft_vocab_size=48)
@@ -265,7 +265,7 @@ def test_training_loss_selects_windows_before_the_head_and_equals_the_per_window
     features = [taps_of(model, p + c, (0, 1))[:-1] for p, c in zip(prompts, completions)]
     columns = {"prompt_ids": prompts, "completion_ids": completions,
                "features": [encode_features(f) for f in features]}
-    objective = ObjectiveSection(kind=kind, gamma=4, anchors_per_sample=6)
+    objective = ObjectiveSection(kind=kind, gamma=4, anchors_per_sample=6, temperature=1.5)
     loss = feature_loss(d, d.model, objective, columns, torch.Generator().manual_seed(5))
     fast = torch.autograd.grad(loss, list(d.model.parameters()), allow_unused=True)
 
@@ -274,7 +274,10 @@ def test_training_loss_selects_windows_before_the_head_and_equals_the_per_window
     assert not bool(batch.valid.all())
     logits = anchor_logits(d, d.model, tokens, feats, batch, 4)[batch.valid]
     labels = d.draft_labels(batch.labels[batch.valid])
-    ref = streak_loss(logits, labels) if kind == "streak" else decayed_ce_loss(logits, labels, objective.decay)
+    ref = {"streak": lambda: streak_loss(logits, labels, 1.5),
+           "decayed_ce": lambda: decayed_ce_loss(logits, labels, objective.decay, 1.5),
+           "naive": lambda: naive_window_loss(logits, labels, 1.5),
+           "ar_distill": lambda: ar_distill_first_position_loss(logits, labels, 1.5)}[kind]()
     slow = torch.autograd.grad(ref, list(d.model.parameters()), allow_unused=True)
     assert float(loss) == pytest.approx(float(ref), rel=1e-5)
     for a, b in zip(fast, slow):

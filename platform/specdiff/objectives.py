@@ -47,6 +47,26 @@ def label_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
     return torch.where(reachable, picked, torch.full_like(picked, UNREACHABLE_LOGP))
 
 
+# Rows of logits ``head_label_logprobs`` makes at once: ~32 MB of float32 whatever the vocabulary. Blocks under
+# glibc's 64 MB heap size are reused by a thread's own malloc arena (a Ray train worker's training thread); larger
+# ones are mmap'd and faulted in afresh every step (see ``specdiff.memory``).
+HEAD_CHUNK_BYTES = 32 * 2**20
+
+
+def head_label_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                        temperature: float = 1.0) -> torch.Tensor:
+    """``label_logprobs(hidden @ weight.T, labels, temperature)`` a chunk of rows at a time (``HEAD_CHUNK_BYTES``
+    of logits each): hidden [..., H], weight [V, H] (a head; cast to its dtype), labels [...] -> [...] float32.
+    Same values and gradients as the unchunked product (tested); every tensor of the head's forward and backward
+    stays chunk-sized."""
+    x = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
+    flat = labels.reshape(-1)
+    rows = max(1, HEAD_CHUNK_BYTES // (4 * weight.shape[0]))
+    parts = [label_logprobs(torch.nn.functional.linear(x[start : start + rows], weight), flat[start : start + rows],
+                            temperature) for start in range(0, len(flat), rows)]
+    return torch.cat(parts).view(labels.shape)
+
+
 def log_expected_streak(logp: torch.Tensor) -> torch.Tensor:
     """log Σ_m Π_{j≤m} p_j from per-position log-probs [..., γ] -> [...]; exact and finite for any γ."""
     return torch.logsumexp(logp.cumsum(-1), dim=-1)
@@ -59,13 +79,12 @@ def expected_streak_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
 
 def streak_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """−mean over windows of E = Σ_m Π_{j≤m} q_j(label_j). logits: [B, γ, V]; labels: [B, γ]."""
-    return -expected_streak_from_logprobs(label_logprobs(logits, labels, temperature)).mean()
+    return window_loss_from_logprobs("streak", label_logprobs(logits, labels, temperature), labels)
 
 
 def naive_window_loss(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Uniform cross-entropy over every window position: −mean_{b,j} log q_j(label_j) (labels of -1 left out)."""
-    reachable = labels >= 0
-    return -(label_logprobs(logits, labels, temperature) * reachable).sum() / reachable.sum().clamp_min(1)
+    return window_loss_from_logprobs("naive", label_logprobs(logits, labels, temperature), labels)
 
 
 def decayed_ce_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float = 4.0,
@@ -74,10 +93,7 @@ def decayed_ce_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float = 4
     matter most, since a rejection ends the streak), normalised by the weights' sum."""
     if decay <= 0:
         raise ValueError(f"decay must be > 0, got {decay!r}")
-    logp = label_logprobs(logits, labels, temperature)  # [B, γ]
-    weights = torch.exp(-torch.arange(logp.shape[-1], dtype=logp.dtype, device=logp.device) / decay)
-    weights = weights * (labels >= 0)  # a label outside a draft vocabulary teaches nothing: left out
-    return -(logp * weights).sum() / weights.sum().clamp_min(1e-9)
+    return window_loss_from_logprobs("decayed_ce", label_logprobs(logits, labels, temperature), labels, decay)
 
 
 def ar_distill_first_position_loss(logits: torch.Tensor, labels: torch.Tensor,
@@ -86,6 +102,26 @@ def ar_distill_first_position_loss(logits: torch.Tensor, labels: torch.Tensor,
     is a sample of the verifier's p, so this is an unbiased estimate of KL(p ‖ q_1)'s gradient (exact at T=0,
     where p is one-hot)."""
     return naive_window_loss(logits[:, :1], labels[:, :1], temperature)
+
+
+def window_loss_from_logprobs(kind: str, logp: torch.Tensor, labels: torch.Tensor, decay: float = 4.0) -> torch.Tensor:
+    """The window objectives above from log q_j(label_j) [B, γ] (``label_logprobs`` or ``head_label_logprobs``):
+    ``streak``, ``naive``, ``decayed_ce`` (weight exp(−(j−1)/decay)) or ``ar_distill`` (first position only)."""
+    reachable = labels >= 0
+    if kind == "streak":
+        return -expected_streak_from_logprobs(logp).mean()
+    if kind == "ar_distill":
+        logp, reachable = logp[:, :1], reachable[:, :1]
+        kind = "naive"
+    if kind == "naive":
+        return -(logp * reachable).sum() / reachable.sum().clamp_min(1)
+    if kind == "decayed_ce":
+        if decay <= 0:
+            raise ValueError(f"decay must be > 0, got {decay!r}")
+        weights = torch.exp(-torch.arange(logp.shape[-1], dtype=logp.dtype, device=logp.device) / decay)
+        weights = weights * reachable  # a label outside a draft vocabulary teaches nothing: left out
+        return -(logp * weights).sum() / weights.sum().clamp_min(1e-9)
+    raise ValueError(f"no window objective {kind!r} (streak, decayed_ce, naive, ar_distill)")
 
 
 def ar_distill_loss(

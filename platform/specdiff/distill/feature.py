@@ -19,10 +19,11 @@ from ..config import SamplingParams
 from ..feature_drafter import FeatureDrafter, anchor_hidden, anchor_logits, sample_anchors
 from ..hf import HFModel
 from ..sampling import target_probs
-from ..objectives import ar_distill_first_position_loss, decayed_ce_loss, naive_window_loss, streak_loss
+from ..objectives import head_label_logprobs, window_loss_from_logprobs
 from .evaluate import EvalResult, score_drafts
 from .teacher import causal_inputs
 
+FEATURE_OBJECTIVES = ("streak", "decayed_ce", "naive", "ar_distill")
 FEATURE_DTYPE = np.float16  # features travel and rest as float16 bytes: half the size, ample precision
 
 
@@ -79,19 +80,14 @@ def feature_loss(drafter: FeatureDrafter, runner: torch.nn.Module, objective, re
     if not bool(batch.valid.any()):
         raise ValueError(f"no trajectory is long enough for a window of gamma={gamma}")
     hidden = anchor_hidden(drafter, runner, tokens, feats, batch, gamma)[batch.valid]  # [W, γ, H]
-    logits = drafter.logits(hidden).float()  # [W, γ, V_draft]
     labels = drafter.draft_labels(batch.labels[batch.valid])  # [W, γ]; -1 outside the draft vocabulary
-    kind, temperature = objective.kind, objective.temperature
-    if kind == "streak":
-        return streak_loss(logits, labels, temperature)
-    if kind == "decayed_ce":
-        return decayed_ce_loss(logits, labels, objective.decay, temperature)
-    if kind == "naive":
-        return naive_window_loss(logits, labels, temperature)
-    if kind == "ar_distill":
-        return ar_distill_first_position_loss(logits, labels, temperature)
-    raise ValueError(f"objective.kind {kind!r} is not available for a feature drafter (streak, decayed_ce, naive, "
-                     "ar_distill)")
+    if objective.kind not in FEATURE_OBJECTIVES:
+        raise ValueError(f"objective.kind {objective.kind!r} is not available for a feature drafter "
+                         f"({', '.join(FEATURE_OBJECTIVES)})")
+    # log q_j(label_j) through the verifier's (sliced, frozen) head without materialising the logits.
+    weight = drafter.head_weight.detach()[: drafter.vocab_size]  # as ``FeatureDrafter.logits`` scores
+    logp = head_label_logprobs(hidden, weight, labels, objective.temperature)
+    return window_loss_from_logprobs(objective.kind, logp, labels, objective.decay)
 
 
 @torch.no_grad()
