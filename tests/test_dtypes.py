@@ -169,3 +169,28 @@ def test_generate_rejects_a_bad_dtype_before_loading_anything(capsys):
 
     assert generate.main(["--dtype", "fp8"]) == 2
     assert "'fp8'" in capsys.readouterr().err
+
+
+def test_generate_identity_report_tells_a_rounding_tie_from_a_fault(capsys):
+    # jobs/generate.py's T=0 check: the same tokens pass; a flip to a token far behind the argmax fails; a flip
+    # whose logit gap is within the measured bf16-vs-float32 rounding counts as a tie (reported, exit 0).
+    sys.path.insert(0, str(REPO / "jobs"))
+    import generate
+
+    model = tiny_llama(64, seed=3, init_std=0.5).to(torch.bfloat16)
+    prompt = [5, 9, 2]
+    with torch.no_grad():
+        plain = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)[0, 3:]
+        plain = plain.tolist()
+        logits = model(torch.tensor([prompt + plain[:4]])).logits[0, -1].float()
+    assert generate.report_identity(model, prompt, plain, list(plain), torch.bfloat16) == 0
+    assert "identical to plain greedy decoding: yes" in capsys.readouterr().out
+    far = int(logits.argmin())  # the verifier's least likely token at position 4
+    assert generate.report_identity(model, prompt, plain, plain[:4] + [far, 1], torch.bfloat16) == 1
+    assert "NOT identical" in capsys.readouterr().out
+    order = logits.argsort(descending=True)
+    gaps = logits[order[0]] - logits[order[1:]]
+    near = int(order[1 + int(gaps.argmin())])  # the runner-up
+    code = generate.report_identity(model, prompt, plain, plain[:4] + [near, 1], torch.bfloat16)
+    out = capsys.readouterr().out
+    assert (code == 0) == ("within torch.bfloat16 rounding" in out)
