@@ -38,6 +38,8 @@ def test_example_config_parses_with_overrides():
         (["drafter.init=feature", "train.lora.enabled=false", "objective.prompt_anchors_per_sample=8"],
          "objective.prompt_anchors_per_sample needs a greedy teacher (teacher.temperature 0"),
         (["objective.prompt_anchors_per_sample=8"], "objective.prompt_anchors_per_sample needs drafter.init='feature'"),
+        (["run.output_dir=/tmp/x", "run.storage_path=/tmp/x/ray"], "run.storage_path (/tmp/x/ray) must not lie inside"),
+        (["run.output_dir=/tmp/x", "run.storage_path=/tmp/x"], "must not lie inside run.output_dir"),
     ],
 )
 def test_bad_config_names_the_key_and_value(overrides, message):

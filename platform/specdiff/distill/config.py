@@ -29,6 +29,14 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _inside(path: str, folder: str) -> bool:
+    """Whether local ``path`` is ``folder`` or lies under it (URIs: never)."""
+    if "://" in path or "://" in folder:
+        return False
+    p, f = Path(path).expanduser().resolve(), Path(folder).expanduser().resolve()
+    return p == f or f in p.parents
+
+
 class RunSection(Section):
     name: str = Field("distill", description="Run name: checkpoints live in <storage_path>/<name>; rerunning the "
                       "same name resumes from its latest checkpoint.")
@@ -230,6 +238,10 @@ class DistillConfig(Section):
         t, o = self.teacher, self.objective
         if self.data.prompts is None and self.data.trajectories is None:
             raise ValueError("data.prompts or data.trajectories must be set, got neither")
+        if _inside(self.run.storage_path, self.run.output_dir):
+            raise ValueError(f"run.storage_path ({self.run.storage_path}) must not lie inside run.output_dir "
+                             f"({self.run.output_dir}): the finished drafter replaces run.output_dir, checkpoints "
+                             "and all")
         if o.gamma > t.max_new_tokens:
             raise ValueError(f"objective.gamma must be <= teacher.max_new_tokens ({t.max_new_tokens}), got {o.gamma}")
         if o.kind == "ar_distill" and t.logprobs_k < 1 and self.drafter.init != "feature":
