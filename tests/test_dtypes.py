@@ -171,7 +171,7 @@ def test_generate_rejects_a_bad_dtype_before_loading_anything(capsys):
     assert "'fp8'" in capsys.readouterr().err
 
 
-def test_generate_identity_report_tells_a_rounding_tie_from_a_fault(capsys):
+def test_generate_identity_report_tells_a_rounding_tie_from_a_fault(capsys, monkeypatch):
     # jobs/generate.py's T=0 check: the same tokens pass; a flip to a token far behind the argmax fails; a flip
     # whose logit gap is within the measured bf16-vs-float32 rounding counts as a tie (reported, exit 0).
     sys.path.insert(0, str(REPO / "jobs"))
@@ -194,3 +194,9 @@ def test_generate_identity_report_tells_a_rounding_tie_from_a_fault(capsys):
     code = generate.report_identity(model, prompt, plain, plain[:4] + [near, 1], torch.bfloat16)
     out = capsys.readouterr().out
     assert (code == 0) == ("within torch.bfloat16 rounding" in out)
+    assert "differ from float32 by up to" in out  # measured against a float32 copy (a tiny model fits)
+    # No room for a float32 copy: one rounding unit of the top logit stands in; the far flip still fails.
+    monkeypatch.setattr(generate, "_float32_copy_fits", lambda model: False)
+    assert generate.report_identity(model, prompt, plain, plain[:4] + [far, 1], torch.bfloat16) == 1
+    generate.report_identity(model, prompt, plain, plain[:4] + [near, 1], torch.bfloat16)
+    assert "differ from float32" not in capsys.readouterr().out

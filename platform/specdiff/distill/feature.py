@@ -84,7 +84,7 @@ def feature_loss(drafter: FeatureDrafter, runner: torch.nn.Module, objective, re
     if objective.kind not in FEATURE_OBJECTIVES:
         raise ValueError(f"objective.kind {objective.kind!r} is not available for a feature drafter "
                          f"({', '.join(FEATURE_OBJECTIVES)})")
-    # log q_j(label_j) through the verifier's (sliced, frozen) head without materialising the logits.
+    # log q_j(label_j) through the verifier's (sliced, frozen) head, a chunk of rows at a time.
     weight = drafter.head_weight.detach()[: drafter.vocab_size]  # as ``FeatureDrafter.logits`` scores
     logp = head_label_logprobs(hidden, weight, labels, objective.temperature)
     return window_loss_from_logprobs(objective.kind, logp, labels, objective.decay)
