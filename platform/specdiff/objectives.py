@@ -91,8 +91,6 @@ def decayed_ce_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float = 4
                     temperature: float = 1.0) -> torch.Tensor:
     """DFlash's objective: cross-entropy with weight exp(−(j−1)/decay) at window position j (early positions
     matter most, since a rejection ends the streak), normalised by the weights' sum."""
-    if decay <= 0:
-        raise ValueError(f"decay must be > 0, got {decay!r}")
     return window_loss_from_logprobs("decayed_ce", label_logprobs(logits, labels, temperature), labels, decay)
 
 
@@ -102,6 +100,9 @@ def ar_distill_first_position_loss(logits: torch.Tensor, labels: torch.Tensor,
     is a sample of the verifier's p, so this is an unbiased estimate of KL(p ‖ q_1)'s gradient (exact at T=0,
     where p is one-hot)."""
     return naive_window_loss(logits[:, :1], labels[:, :1], temperature)
+
+
+WINDOW_OBJECTIVES = ("streak", "decayed_ce", "naive", "ar_distill")  # what window_loss_from_logprobs computes
 
 
 def window_loss_from_logprobs(kind: str, logp: torch.Tensor, labels: torch.Tensor, decay: float = 4.0) -> torch.Tensor:
@@ -121,7 +122,7 @@ def window_loss_from_logprobs(kind: str, logp: torch.Tensor, labels: torch.Tenso
         weights = torch.exp(-torch.arange(logp.shape[-1], dtype=logp.dtype, device=logp.device) / decay)
         weights = weights * reachable  # a label outside a draft vocabulary teaches nothing: left out
         return -(logp * weights).sum() / weights.sum().clamp_min(1e-9)
-    raise ValueError(f"no window objective {kind!r} (streak, decayed_ce, naive, ar_distill)")
+    raise ValueError(f"no window objective {kind!r} ({', '.join(WINDOW_OBJECTIVES)})")
 
 
 def ar_distill_loss(

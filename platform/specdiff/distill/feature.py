@@ -19,11 +19,10 @@ from ..config import SamplingParams
 from ..feature_drafter import FeatureDrafter, anchor_hidden, anchor_logits, sample_anchors
 from ..hf import HFModel
 from ..sampling import target_probs
-from ..objectives import head_label_logprobs, window_loss_from_logprobs
+from ..objectives import WINDOW_OBJECTIVES, head_label_logprobs, window_loss_from_logprobs
 from .evaluate import EvalResult, score_drafts
 from .teacher import causal_inputs
 
-FEATURE_OBJECTIVES = ("streak", "decayed_ce", "naive", "ar_distill")
 FEATURE_DTYPE = np.float16  # features travel and rest as float16 bytes: half the size, ample precision
 
 
@@ -81,9 +80,9 @@ def feature_loss(drafter: FeatureDrafter, runner: torch.nn.Module, objective, re
         raise ValueError(f"no trajectory is long enough for a window of gamma={gamma}")
     hidden = anchor_hidden(drafter, runner, tokens, feats, batch, gamma)[batch.valid]  # [W, γ, H]
     labels = drafter.draft_labels(batch.labels[batch.valid])  # [W, γ]; -1 outside the draft vocabulary
-    if objective.kind not in FEATURE_OBJECTIVES:
+    if objective.kind not in WINDOW_OBJECTIVES:  # checked before the forward pass
         raise ValueError(f"objective.kind {objective.kind!r} is not available for a feature drafter "
-                         f"({', '.join(FEATURE_OBJECTIVES)})")
+                         f"({', '.join(WINDOW_OBJECTIVES)})")
     # log q_j(label_j) through the verifier's (sliced, frozen) head, a chunk of rows at a time.
     weight = drafter.head_weight.detach()[: drafter.vocab_size]  # as ``FeatureDrafter.logits`` scores
     logp = head_label_logprobs(hidden, weight, labels, objective.temperature)
