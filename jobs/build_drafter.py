@@ -88,7 +88,7 @@ def write_prompts(work: Path) -> tuple[Path, Path]:
              else training_prompts())
     rows = {split: [{"domain": d, "prompt_ids": chat_prompt_ids(tokenizer, text)} for d, text in pairs]
             for split, pairs in (("train", train), ("eval", evaluation))}
-    recipe = yaml.safe_load((CONFIGS / "smollm2-feature.yaml").read_text())
+    recipe = default_recipe()
     new_tokens = 12 if quick() else recipe["teacher"]["max_new_tokens"]
     prompts = [r["prompt_ids"][-recipe["data"]["max_prompt_tokens"]:] for r in rows["eval"]]
     completions, _, _ = sample_completions(HFModel(model), prompts, new_tokens, SamplingParams(0.0), 0, None)
@@ -218,6 +218,12 @@ DECODE_RESERVE_S = 75  # of it: distill's start-up before its clock runs, then g
 TEACHER_SHARE = 0.45
 
 
+def default_recipe() -> dict:
+    """The default drafter's recipe, jobs/configs/smollm2-feature.yaml (an untrained drafter "with the defaults" takes
+    its shape from it)."""
+    return yaml.safe_load((CONFIGS / "smollm2-feature.yaml").read_text())
+
+
 def sampled_trajectories(folder: Path) -> int:
     """Rows in a trajectories parquet folder (0 if there is none)."""
     import pyarrow.parquet as pq
@@ -251,7 +257,7 @@ def build_default(force: bool = False, budget_s: float | None = FIRST_RUN_S) -> 
         budget = [f"train.time_budget_s={left:.0f}", f"teacher.time_budget_s={TEACHER_SHARE * left:.0f}"]
     feature = distill("feature drafter: teacher + streak-distillation", "smollm2-feature.yaml", work, "feature",
                       budget)
-    recipe_steps = yaml.safe_load((CONFIGS / "smollm2-feature.yaml").read_text())["train"]["steps"]
+    recipe_steps = default_recipe()["train"]["steps"]
     sampled = sampled_trajectories(work / "trajectories")
     record = {"recipe": ["jobs/configs/smollm2-feature.yaml"], "stages": {"feature": feature},
               "prompts_s": round(prompts_s, 1), "wall_s": round(time.perf_counter() - began, 1),

@@ -36,7 +36,7 @@ from specdiff.feature_drafter import build_feature_drafter  # noqa: E402
 from specdiff.models import BACKENDS, DEFAULT_VERIFIER, load_causal_lm, state_dir  # noqa: E402
 from specdiff.text import TextStreamer  # noqa: E402
 
-from build_drafter import build_default  # noqa: E402 (jobs/ is on sys.path when this script runs)
+from build_drafter import build_default, default_recipe  # noqa: E402 (jobs/ is on sys.path when this script runs)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.untrained:
-        drafter = build_feature_drafter(model, num_layers=1)
+        drafter = build_feature_drafter(model, num_layers=default_recipe()["drafter"]["num_layers"])
         drafter_name = "untrained feature drafter - align one with jobs/build_drafter.py or jobs/distill.py"
     else:
         if args.drafter:

@@ -61,6 +61,8 @@ def test_cli_job_improves_heldout_streak_and_logs_to_mlflow(assets, tmp_path):
     assert summary["expected_streak"] > summary["initial_expected_streak"] + 0.1
     for progress in ("held-out trajectories", "step 10/150 loss", "eval step 150: expected streak"):
         assert progress in log
+    # A local Ray has no dashboard, so Ray Train's placement-group cleaner would warn once a second (init_ray's hook).
+    assert "Failed to query Ray Train Controller actor state" not in log
 
     drafter = load_drafter(summary["output_dir"])
     assert drafter.propose([1, 2, 3], 8).shape == (8, 32)

@@ -295,3 +295,33 @@ def test_teacher_past_its_deadline_returns_empty_batches_of_the_same_schema(tmp_
     assert (sampler.sampled, sampler.skipped) == (3, 3)
     sampler.deadline = time.time() + 60.0
     assert sampler(table).num_rows == 3 and sampler.sampled == 6
+
+
+def test_local_ray_hook_drops_only_the_state_api_warning_and_needs_no_specdiff(tmp_path):
+    """The worker set-up hook of a dashboard-less local Ray silences Ray Train's placement-group cleaner's
+    once-a-second "State API unavailable" warning, keeps its other messages, and unpickles in a process that has
+    not imported specdiff (Ray ships it to every worker, most of which never import our package)."""
+    import logging
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    from specdiff.distill.job import _train_cleaner_quiet_hook
+
+    blob = tmp_path / "hook.pkl"
+    blob.write_bytes(cloudpickle.dumps(_train_cleaner_quiet_hook()))
+    script = f"""
+import logging, pickle, sys
+logging.basicConfig(stream=sys.stdout, format="%(message)s")
+pickle.loads(open({str(blob)!r}, "rb").read())()
+log = logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner")
+log.warning("Failed to query Ray Train Controller actor state. State API may be temporarily unavailable.")
+log.warning("Detected that the Ray Train controller actor is dead.")
+print("specdiff imported:", any(m == "specdiff" or m.startswith("specdiff.") for m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["Detected that the Ray Train controller actor is dead.",
+                                       "specdiff imported: False"]
+    assert logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").filters == []

@@ -73,9 +73,31 @@ def init_ray(cfg: DistillConfig) -> None:
     if cfg.ray.address is None and "RAY_ADDRESS" not in os.environ:
         # "local": a new Ray for this job. A bare ray.init() would join whatever `ray start` cluster this machine
         # last started, which may be someone else's.
+        runtime_env["worker_process_setup_hook"] = _train_cleaner_quiet_hook()
         ray.init(address="local", num_cpus=cfg.ray.num_cpus, runtime_env=runtime_env, include_dashboard=False)
     else:
         ray.init(address=cfg.ray.address, runtime_env=runtime_env)
+
+
+def _train_cleaner_quiet_hook():
+    """A worker set-up hook for a local Ray without its dashboard. There Ray's State API never answers, and Ray
+    Train's placement-group cleaner (a detached actor that asks it every second whether the training controller is
+    alive, to free the controller's resources if it dies) logs "Failed to query Ray Train Controller actor state"
+    once a second for the whole job: hundreds of lines. The hook drops that one warning. (Nothing is lost: the
+    local Ray ends with this job.) Defined inside a function so that Ray pickles it by value: a worker runs it
+    without importing specdiff."""
+
+    def hook() -> None:
+        import logging
+
+        class DropStateApiWarning(logging.Filter):
+            def filter(self, record: logging.LogRecord) -> bool:
+                return not record.getMessage().startswith("Failed to query Ray Train Controller actor state")
+
+        logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").addFilter(
+            DropStateApiWarning())
+
+    return hook
 
 
 def run(cfg: DistillConfig) -> DistillSummary:
