@@ -300,12 +300,13 @@ def test_teacher_past_its_deadline_returns_empty_batches_of_the_same_schema(tmp_
 def test_local_ray_hook_drops_only_the_state_api_warning_and_needs_no_specdiff(tmp_path):
     """The worker set-up hook of a dashboard-less local Ray silences Ray Train's placement-group cleaner's
     once-a-second "State API unavailable" warning, keeps its other messages, and unpickles in a process that has
-    not imported specdiff (Ray ships it to every worker, most of which never import our package)."""
+    not imported specdiff (Ray ships it to every worker; the controller, the cleaner and the data readers never
+    import our package)."""
     import logging
     import subprocess
     import sys
 
-    import cloudpickle
+    from ray import cloudpickle  # what Ray pickles a set-up hook with
 
     from specdiff.distill.job import _train_cleaner_quiet_hook
 
@@ -313,9 +314,10 @@ def test_local_ray_hook_drops_only_the_state_api_warning_and_needs_no_specdiff(t
     blob.write_bytes(cloudpickle.dumps(_train_cleaner_quiet_hook()))
     script = f"""
 import logging, pickle, sys
-logging.basicConfig(stream=sys.stdout, format="%(message)s")
 pickle.loads(open({str(blob)!r}, "rb").read())()
 log = logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner")
+log.propagate = False  # (importing ray configures the "ray" loggers) print what passes the logger's filters
+log.addHandler(logging.StreamHandler(sys.stdout))
 log.warning("Failed to query Ray Train Controller actor state. State API may be temporarily unavailable.")
 log.warning("Detected that the Ray Train controller actor is dead.")
 print("specdiff imported:", any(m == "specdiff" or m.startswith("specdiff.") for m in sys.modules))
