@@ -152,13 +152,10 @@ def main(argv=None) -> int:
 
 
 def _float32_copy_fits(model) -> bool:
-    """Whether a float32 copy of ``model`` takes under half the memory available now (psutil, a Ray dependency)."""
-    need = sum(p.numel() for p in model.parameters()) * 4
-    try:
-        import psutil
-    except ImportError:  # not installed: only a small model's copy is assumed to fit
-        return need < 2**30
-    return need < psutil.virtual_memory().available / 2
+    """Whether a float32 copy of ``model`` takes under half the memory available now."""
+    import psutil  # installed with accelerate and peft
+
+    return sum(p.numel() for p in model.parameters()) * 4 < psutil.virtual_memory().available / 2
 
 
 def report_identity(model, prompt, plain: list[int], spec: list[int], dtype: torch.dtype) -> int:
@@ -179,20 +176,21 @@ def report_identity(model, prompt, plain: list[int], spec: list[int], dtype: tor
         logits = model(ids).logits[0, rows].float()
         a, b = (plain[i], spec[i]) if i < min(len(plain), len(spec)) else logits[-1].topk(2).indices.tolist()
         gap = float((logits[-1, a] - logits[-1, b]).abs())
-        noise, how = 0.0, ""
-        if dtype != torch.float32 and _float32_copy_fits(model):
-            import copy
+        noise, how = 0.0, ""  # how: the rounding measured in reduced precision ("" in float32)
+        if dtype != torch.float32:
+            if _float32_copy_fits(model):
+                import copy
 
-            reference = copy.deepcopy(model).float()
-            exact = reference(ids).logits[0, rows].float()
-            del reference
-            top = logits.topk(2, dim=-1).indices  # [rows, 2]
-            noise = float((logits.gather(-1, top) - exact.gather(-1, top)).abs().max())
-            how = f"its top logits differ from float32 by up to {noise:.3g} over these {i + 1} positions"
-        elif dtype != torch.float32:  # no room for a float32 copy: one unit of rounding of the top logit
-            noise = float(logits[-1].abs().max()) * torch.finfo(dtype).eps
-            how = f"no room for a float32 copy to measure it; one rounding unit of the top logit is {noise:.3g}"
-    if dtype != torch.float32 and gap <= 2 * noise:
+                reference = copy.deepcopy(model).float()
+                exact = reference(ids).logits[0, rows].float()
+                del reference
+                top = logits.topk(2, dim=-1).indices  # [rows, 2]
+                noise = float((logits.gather(-1, top) - exact.gather(-1, top)).abs().max())
+                how = f"its top logits differ from float32 by up to {noise:.3g} over these {i + 1} positions"
+            else:  # no room for a float32 copy: one unit of rounding of the top logit
+                noise = float(logits[-1].abs().max()) * torch.finfo(dtype).eps
+                how = f"no room for a float32 copy to measure it; one rounding unit of the top logit is {noise:.3g}"
+    if how and gap <= 2 * noise:
         print(f"identical to plain greedy decoding up to token {i}, where the two tokens' logits differ by {gap:.3g}: "
               f"within {dtype} rounding ({how}); use --dtype float32 for a bit-exact comparison")
         return 0

@@ -33,8 +33,7 @@ def _inside(path: str, folder: str) -> bool:
     """Whether local ``path`` is ``folder`` or lies under it (URIs: never)."""
     if "://" in path or "://" in folder:
         return False
-    p, f = Path(path).expanduser().resolve(), Path(folder).expanduser().resolve()
-    return p == f or f in p.parents
+    return Path(path).expanduser().resolve().is_relative_to(Path(folder).expanduser().resolve())
 
 
 class RunSection(Section):

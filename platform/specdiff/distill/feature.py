@@ -70,6 +70,9 @@ def feature_loss(drafter: FeatureDrafter, runner: torch.nn.Module, objective, re
     """The configured objective over ``objective.anchors_per_sample`` blocks of every trajectory in ``records``.
 
     ``runner``: the module the forward goes through (the drafter's model or its DDP wrapper)."""
+    if objective.kind not in WINDOW_OBJECTIVES:  # before any work (window_loss_from_logprobs would say it last)
+        raise ValueError(f"objective.kind {objective.kind!r} is not available for a feature drafter "
+                         f"({', '.join(WINDOW_OBJECTIVES)})")
     tokens, feats, lengths, starts = collate(records, drafter.config.feature_size)
     gamma = objective.gamma
     extra = objective.prompt_anchors_per_sample
@@ -80,9 +83,6 @@ def feature_loss(drafter: FeatureDrafter, runner: torch.nn.Module, objective, re
         raise ValueError(f"no trajectory is long enough for a window of gamma={gamma}")
     hidden = anchor_hidden(drafter, runner, tokens, feats, batch, gamma)[batch.valid]  # [W, γ, H]
     labels = drafter.draft_labels(batch.labels[batch.valid])  # [W, γ]; -1 outside the draft vocabulary
-    if objective.kind not in WINDOW_OBJECTIVES:  # checked before the forward pass
-        raise ValueError(f"objective.kind {objective.kind!r} is not available for a feature drafter "
-                         f"({', '.join(WINDOW_OBJECTIVES)})")
     # log q_j(label_j) through the verifier's (sliced, frozen) head, a chunk of rows at a time.
     weight = drafter.head_weight.detach()[: drafter.vocab_size]  # as ``FeatureDrafter.logits`` scores
     logp = head_label_logprobs(hidden, weight, labels, objective.temperature)
