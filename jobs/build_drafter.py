@@ -216,12 +216,13 @@ DECODE_RESERVE_S = 75  # of it: distill's start-up before its clock runs, then g
 # prompts that fit (training_prompts' priority order) and keeps the rest of its time for training steps. 2-core
 # figures: a Xeon with AMX samples all 900 in ~2.5 min (of ~5.8 min allowed); an AVX2-only EPYC sampled 93-110/min.
 TEACHER_SHARE = 0.45
+DEFAULT_RECIPE = "smollm2-feature.yaml"  # in jobs/configs/
 
 
 def default_recipe() -> dict:
-    """The default drafter's recipe, jobs/configs/smollm2-feature.yaml (an untrained drafter "with the defaults" takes
-    its shape from it)."""
-    return yaml.safe_load((CONFIGS / "smollm2-feature.yaml").read_text())
+    """The default drafter's recipe, ``DEFAULT_RECIPE`` in jobs/configs/ (an untrained drafter "with the defaults"
+    takes its shape from it)."""
+    return yaml.safe_load((CONFIGS / DEFAULT_RECIPE).read_text())
 
 
 def sampled_trajectories(folder: Path) -> int:
@@ -255,11 +256,11 @@ def build_default(force: bool = False, budget_s: float | None = FIRST_RUN_S) -> 
     if budget_s and not quick():
         left = max(60.0, budget_s - (time.perf_counter() - began) - DECODE_RESERVE_S)
         budget = [f"train.time_budget_s={left:.0f}", f"teacher.time_budget_s={TEACHER_SHARE * left:.0f}"]
-    feature = distill("feature drafter: teacher + streak-distillation", "smollm2-feature.yaml", work, "feature",
+    feature = distill("feature drafter: teacher + streak-distillation", DEFAULT_RECIPE, work, "feature",
                       budget)
     recipe_steps = default_recipe()["train"]["steps"]
     sampled = sampled_trajectories(work / "trajectories")
-    record = {"recipe": ["jobs/configs/smollm2-feature.yaml"], "stages": {"feature": feature},
+    record = {"recipe": [f"jobs/configs/{DEFAULT_RECIPE}"], "stages": {"feature": feature},
               "prompts_s": round(prompts_s, 1), "wall_s": round(time.perf_counter() - began, 1),
               "trajectories": sampled, "prompts": wanted}
     publish(work / "feature", target, record)
@@ -300,7 +301,7 @@ def build_ablations(force: bool = False) -> dict[str, Path]:
     for kind in FEATURE_ABLATIONS:
         target = drafters_dir() / f"smollm2-feature-{kind}"
         if force or not target.is_dir():
-            summary = distill(f"feature ablation {kind}", "smollm2-feature.yaml", work, f"feature-{kind}",
+            summary = distill(f"feature ablation {kind}", DEFAULT_RECIPE, work, f"feature-{kind}",
                               [f"objective.kind={kind}", "objective.warmup_ce_steps=0"])
             publish(work / f"feature-{kind}", target, {"stage": summary, "objective": kind})
         out[f"feature-{kind}"] = target
@@ -380,8 +381,8 @@ def register_default(target: Path) -> str:
               flush=True)
         verifier = reg.register_verifier(FAMILY, verifier_dir, source=DEFAULT_VERIFIER)
     build = "sha256:" + hashlib.sha256((target / "build.json").read_bytes()).hexdigest()
-    cfg = load_config(CONFIGS / "smollm2-feature.yaml", [f"data.heldout={work_dir() / 'heldout.jsonl'}",
-                                                        *(QUICK_EVAL if quick() else [])], check_paths=False)
+    cfg = load_config(CONFIGS / DEFAULT_RECIPE, [f"data.heldout={work_dir() / 'heldout.jsonl'}",
+                                                 *(QUICK_EVAL if quick() else [])], check_paths=False)
     spec = HeldoutSpec.from_config(cfg)
     drafter = registered(DRAFTER_PREFIX + FAMILY, "specdiff.build", build)
     if drafter is None:
