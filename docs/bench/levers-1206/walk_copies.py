@@ -1,0 +1,74 @@
+"""Teacher-forced T=0 walk over tree_sim32.py output: argmax window + a copied candidate chosen by each rule
+(latest occurrence of the longest n-gram, the drafter-scored one, both, the oracle): python walk_copies.py OUT.pt"""
+import sys, torch
+from specdiff.lookup import lookup_continuation
+G = 8
+data = torch.load(sys.argv[1], weights_only=False)
+def streak(c, lab):
+    s = 0
+    for a, b in zip(c, lab):
+        if b < 0 or a != b: break
+        s += 1
+    return s
+def all_copies(ctx, maxn=4, minn=1, window=2048):
+    ctx = ctx[-window:]; n_ctx = len(ctx); out = []  # (n, i, cont) latest first within n, longest n first
+    for n in range(min(maxn, n_ctx - 1), minn - 1, -1):
+        suffix = ctx[n_ctx - n:]
+        for i in range(n_ctx - n - 1, -1, -1):
+            if ctx[i:i + n] == suffix:
+                out.append((n, i, ctx[i + n:i + n + G]))
+    return out
+def qscore(c, tp, ti):
+    # drafter expected streak of candidate c under its marginals (top-32; else 0)
+    s, run = 0.0, 1.0
+    for j, t in enumerate(c):
+        m = (ti[j] == t).nonzero()
+        pj = float(tp[j, m[0, 0]]) if len(m) else 0.0
+        run *= pj; s += run
+    return s
+def pad(cp, main):
+    c = list(main); c[:len(cp)] = cp; return c
+def nodes(cs):
+    trie = set()
+    for c in cs:
+        for j in range(len(c)): trie.add(tuple(c[:j+1]))
+    return len(trie)
+MODES = sys.argv[2].split(",") if len(sys.argv) > 2 else ["none", "latest", "scored", "scored_long", "two", "oracle"]
+for mode in MODES:
+    row = {}
+    for d, rs in data.items():
+        toks = steps = nd = 0
+        for r in rs:
+            o = 0; n = len(r["labels"])
+            while o < n:
+                lab = r["labels"][o]; tp, ti = r["top_p"][o], r["top_i"][o]
+                main = ti[:, 0].tolist(); ctx = r["ctx"][: r["n_prompt"] + o]
+                cs = [main]
+                if mode != "none":
+                    allc = all_copies(ctx)
+                    if allc:
+                        if mode == "latest":
+                            cs.append(pad(allc[0][2], main))
+                        elif mode in ("scored", "scored_long"):
+                            pool = allc
+                            if mode == "scored_long":  # only n-grams as long as the longest
+                                pool = [x for x in allc if x[0] == allc[0][0]]
+                            seen = {}
+                            for k, (nn, i, cont) in enumerate(pool):
+                                key = tuple(cont)
+                                if key not in seen: seen[key] = (qscore(pad(cont, main), tp, ti) + 1e-9 * nn, -k)
+                            best = max(seen.items(), key=lambda kv: kv[1])[0]
+                            cs.append(pad(list(best), main))
+                        elif mode == "two":
+                            seen = {}
+                            for k, (nn, i, cont) in enumerate(allc):
+                                key = tuple(cont)
+                                if key not in seen: seen[key] = (qscore(pad(cont, main), tp, ti) + 1e-9 * nn, -k)
+                            best = max(seen.items(), key=lambda kv: kv[1])[0]
+                            cs.append(pad(list(best), main)); cs.append(pad(allc[0][2], main))
+                        elif mode == "oracle":
+                            cs += [pad(c, main) for _, _, c in allc]
+                a = max(streak(c, lab) for c in cs)
+                nd += nodes(cs) if mode != "oracle" else 0; toks += a + 1; steps += 1; o += a + 1
+        row[d] = (toks / steps, nd / steps)
+    print(f"{mode:12s} " + "  ".join(f"{d} tau {t:.3f} nodes {n:.1f}" for d, (t, n) in row.items()), flush=True)
