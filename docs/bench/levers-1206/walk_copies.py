@@ -1,8 +1,11 @@
 """Teacher-forced T=0 walk over tree_sim32.py output: argmax window + a copied candidate chosen by each rule
-(latest occurrence of the longest n-gram, the drafter-scored one, both, the oracle): python walk_copies.py OUT.pt"""
-import sys, torch
+(latest occurrence of the longest n-gram, the drafter-scored one, both, the oracle):
+    [EOS=1] python walk_copies.py OUT.pt [none,latest,scored,scored_long,two,oracle]
+(EOS=1: a completion ends at its first <|im_end|>)"""
+import os, sys, torch
 from specdiff.lookup import lookup_continuation
 G = 8
+EOS = os.environ.get("EOS") == "1"
 data = torch.load(sys.argv[1], weights_only=False)
 def streak(c, lab):
     s = 0
@@ -40,6 +43,8 @@ for mode in MODES:
         toks = steps = nd = 0
         for r in rs:
             o = 0; n = len(r["labels"])
+            comp = r["ctx"][r["n_prompt"]:]
+            if EOS and 2 in comp: n = min(n, comp.index(2) + 1)
             while o < n:
                 lab = r["labels"][o]; tp, ti = r["top_p"][o], r["top_i"][o]
                 main = ti[:, 0].tolist(); ctx = r["ctx"][: r["n_prompt"] + o]
