@@ -1,16 +1,17 @@
-"""Teacher-forced held-out streak per domain, windows every 4 tokens from 0 to 84 (float32, gamma 8):
-    HELDOUT=DIR python tf_eval.py NAME=DRAFTER_DIR ...   (DIR: make_heldout.py's output)"""
+"""Teacher-forced held-out streak per domain, windows every 4 tokens from 0 to 84 (gamma 8; dtype DT, default float32;
+the first LIMIT trajectories per domain, default all):
+    [DT=bfloat16] [LIMIT=12] HELDOUT=DIR python tf_eval.py NAME=DRAFTER_DIR ...   (DIR: make_heldout.py's output)"""
 import json, os, sys, torch
 from specdiff.distill.feature import teacher_forced_eval
 from specdiff.feature_drafter import load_feature_drafter
 from specdiff.hf import HFModel
 from specdiff.models import DEFAULT_VERIFIER, load_causal_lm
-model, tok = load_causal_lm(DEFAULT_VERIFIER, torch.float32)
+model, tok = load_causal_lm(DEFAULT_VERIFIER, getattr(torch, os.environ.get("DT", "float32")))
 v = HFModel(model)
-recs = {d: [json.loads(l) for l in open(os.path.join(os.environ["HELDOUT"], f"heldout-{d}.jsonl"))] for d in ("code", "math", "chat")}
+recs = {d: [json.loads(l) for l in open(os.path.join(os.environ["HELDOUT"], f"heldout-{d}.jsonl"))][: int(os.environ.get("LIMIT", 99))] for d in ("code", "math", "chat")}
 for arg in sys.argv[1:]:
     name, path = arg.split("=", 1)
-    dr = load_feature_drafter(path, model, dtype=torch.float32)
+    dr = load_feature_drafter(path, model, dtype=getattr(torch, os.environ.get("DT", "float32")))
     row = []
     for d, rs in recs.items():
         r = teacher_forced_eval(dr, v, rs, list(range(0, 85, 4)), 8)

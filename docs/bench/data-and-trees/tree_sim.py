@@ -1,5 +1,6 @@
-"""The drafter's top-3 tokens and probabilities at every completion position of the held-out trajectories, for
-tree_walk.py (float32, gamma 8): HELDOUT=DIR python tree_sim.py DRAFTER_DIR OUT.pt"""
+"""The drafter's top-TOPK tokens and probabilities (default 3) at every completion position of the held-out
+trajectories, for tree_walk.py and ../levers-1206's walks (gamma 8; dtype DT, default float32):
+    [DT=bfloat16] [TOPK=32] HELDOUT=DIR python tree_sim.py DRAFTER_DIR OUT.pt"""
 import json, os, sys, torch
 from specdiff.distill.teacher import causal_inputs
 from specdiff.feature_drafter import AnchorBatch, greedy_labels, anchor_logits, load_feature_drafter
@@ -7,9 +8,9 @@ from specdiff.hf import HFModel
 from specdiff.models import DEFAULT_VERIFIER, load_causal_lm
 G = 8
 path = sys.argv[1]
-model, tok = load_causal_lm(DEFAULT_VERIFIER, torch.float32)
+model, tok = load_causal_lm(DEFAULT_VERIFIER, getattr(torch, os.environ.get("DT", "float32")))
 v = HFModel(model)
-dr = load_feature_drafter(path, model, dtype=torch.float32)
+dr = load_feature_drafter(path, model, dtype=getattr(torch, os.environ.get("DT", "float32")))
 out = {}
 for d in ("code", "math", "chat"):
     recs = [json.loads(l) for l in open(os.path.join(os.environ["HELDOUT"], f"heldout-{d}.jsonl"))]
@@ -31,7 +32,7 @@ for d in ("code", "math", "chat"):
         with torch.no_grad():
             lo = anchor_logits(dr, dr.model, tokens, features, batch, G)[0].float()  # [A, G, Vd]
         p = lo.softmax(-1)
-        top_p, top_i = p.topk(3, -1)
+        top_p, top_i = p.topk(int(os.environ.get("TOPK", 3)), -1)  # 32: enough to score a copied candidate
         top_i = dr.model.draft_ids[top_i]
         res.append(dict(ctx=seq, n_prompt=n_prompt, labels=labels[0].tolist(), top_p=top_p, top_i=top_i))
     out[d] = res

@@ -1,4 +1,4 @@
-"""Drafter argmax streak by completion offset (16-token buckets): python by_offset.py OUT.pt (tree_sim32.py)"""
+"""Drafter argmax streak by completion offset (16-token buckets): python by_offset.py OUT.pt (output of ../data-and-trees/tree_sim.py with TOPK=32)"""
 import sys
 import torch
 data = torch.load(sys.argv[1], weights_only=False)

@@ -1,4 +1,4 @@
-"""Teacher-forced T=0 walk over tree_sim32.py output: argmax window + a copied candidate chosen by each rule
+"""Teacher-forced T=0 walk over ../data-and-trees/tree_sim.py output (TOPK=32): argmax window + a copied candidate chosen by each rule
 (latest occurrence of the longest n-gram, the drafter-scored one, both, the oracle):
     [EOS=1] python walk_copies.py OUT.pt [none,latest,scored,scored_long,two,oracle]
 (EOS=1: a completion ends at its first <|im_end|>)"""
