@@ -1,13 +1,9 @@
-"""Drafter argmax streak by completion offset (16-token buckets): python by_offset.py OUT.pt (output of ../data-and-trees/tree_sim.py with TOPK=32)"""
+"""Drafter argmax streak by completion offset (16-token buckets):
+    python by_offset.py OUT.pt   (OUT.pt: ../data-and-trees/tree_sim.py's output with TOPK=32)"""
 import sys
 import torch
+from walk_copies import streak
 data = torch.load(sys.argv[1], weights_only=False)
-def streak(c, lab):
-    s = 0
-    for a, b in zip(c, lab):
-        if b < 0 or a != b: break
-        s += 1
-    return s
 for d, rs in data.items():
     b = {}
     for r in rs:

@@ -3,18 +3,8 @@
 import sys, torch
 from specdiff.lookup import lookup_continuation
 G = 8
+from walk_copies import nodes, streak  # its labels (trajectory tokens) are never -1
 data = torch.load(sys.argv[1], weights_only=False)
-def streak(c, lab):
-    s = 0
-    for a, b in zip(c, lab):
-        if a != b: break
-        s += 1
-    return s
-def nodes(cs):
-    trie = set()
-    for c in cs:
-        for j in range(len(c)): trie.add(tuple(c[:j+1]))
-    return len(trie)
 for LC, minn in [(8, 1), (12, 1), (16, 1), (16, 3), (24, 3)]:
     row = {}
     for d, rs in data.items():
