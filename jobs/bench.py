@@ -157,11 +157,9 @@ class Runner:
         self.verifier = HFVerifier(self.model)  # plain decoding taps nothing
         drafters = {name: load_drafter(path, dtype=dtype, verifier=self.model) for name, path in args.drafters.items()}
         if args.untrained:
-            from build_drafter import default_recipe  # jobs/ is on sys.path when this script runs
-            from specdiff.feature_drafter import build_feature_drafter
+            from build_drafter import untrained_drafter  # jobs/ is on sys.path when this script runs
 
-            drafters["untrained"] = build_feature_drafter(self.model,
-                                                          num_layers=default_recipe()["drafter"]["num_layers"])
+            drafters["untrained"] = untrained_drafter(self.model)
         # A feature drafter's verifier keeps the tapped states of its own scoring passes.
         self.decoders = {name: SpeculativeDecoder(d, HFVerifier(self.model, tap_layers=getattr(d, "tap_layers", None)))
                          for name, d in drafters.items()}

@@ -225,6 +225,14 @@ def default_recipe() -> dict:
     return yaml.safe_load((CONFIGS / DEFAULT_RECIPE).read_text())
 
 
+def untrained_drafter(verifier):
+    """An untrained feature drafter of the default recipe's shape on ``verifier``: what a user has before any
+    alignment (`jobs/generate.py --untrained`, the bench's `untrained` row)."""
+    from specdiff.feature_drafter import build_feature_drafter
+
+    return build_feature_drafter(verifier, num_layers=default_recipe()["drafter"]["num_layers"])
+
+
 def sampled_trajectories(folder: Path) -> int:
     """Rows in a trajectories parquet folder (0 if there is none)."""
     import pyarrow.parquet as pq

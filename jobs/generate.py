@@ -32,11 +32,10 @@ from specdiff import (  # noqa: E402
     load_drafter,
 )
 from specdiff.dtypes import dtype_name, resolve_dtype_with_reason  # noqa: E402
-from specdiff.feature_drafter import build_feature_drafter  # noqa: E402
 from specdiff.models import BACKENDS, DEFAULT_VERIFIER, load_causal_lm, state_dir  # noqa: E402
 from specdiff.text import TextStreamer  # noqa: E402
 
-from build_drafter import build_default, default_recipe  # noqa: E402 (jobs/ is on sys.path when this script runs)
+from build_drafter import build_default, untrained_drafter  # noqa: E402 (jobs/ is on sys.path when this script runs)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,7 +79,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.untrained:
-        drafter = build_feature_drafter(model, num_layers=default_recipe()["drafter"]["num_layers"])
+        drafter = untrained_drafter(model)
         drafter_name = "untrained feature drafter - align one with jobs/build_drafter.py or jobs/distill.py"
     else:
         if args.drafter:

@@ -34,7 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("record", help="record one real round at every position of each prompt's greedy output")
     r.add_argument("--drafter", default=None,
-                   help="drafter folder, or 'untrained' (a random-init feature drafter); default: the built default")
+                   help="drafter folder, or 'untrained' (an untrained feature drafter of the default recipe's shape); "
+                   "default: the built default")
     r.add_argument("--verifier", default=None, help="default: the embedded default verifier")
     r.add_argument("--domains", default=",".join(DOMAINS))
     r.add_argument("--prompts-per-domain", type=int, default=12)
@@ -85,9 +86,9 @@ def record_main(args) -> int:
     dtype, reason = resolve_dtype_with_reason(args.dtype)
     model, tokenizer = load_causal_lm(args.verifier or DEFAULT_VERIFIER, dtype, backend="auto")
     if args.drafter == "untrained":
-        from specdiff.feature_drafter import build_feature_drafter
+        from build_drafter import untrained_drafter  # jobs/ is on sys.path when this script runs
 
-        drafter = build_feature_drafter(model, num_layers=1)
+        drafter = untrained_drafter(model)
     else:
         path = Path(args.drafter) if args.drafter else state_dir() / "drafters" / "default"
         if not path.is_dir():
