@@ -69,31 +69,47 @@ def work_dir() -> Path:
 
 
 def write_prompts(work: Path) -> tuple[Path, Path]:
-    """Chat-templated prompt ids of the train splits, and greedy teacher trajectories of the held-out prompts (the
-    splits are disjoint by construction, see specdiff.prompts). Held-out trajectories are sampled here, once, so no
-    stage has to start a teacher actor for 16 prompts."""
-    import torch
-
+    """The training prompts' ids (``specdiff.prompts.training_mix``: the in-distribution sets beside standard-library
+    code and prose, raw and as requests, broader math and requests the verifier writes itself), and greedy teacher
+    trajectories of held-out prompts from sources disjoint from training (``DISJOINT_SETS``: other files, other
+    templates, another seed). Held-out trajectories are sampled here, once, so no stage has to start a teacher actor
+    for 16 prompts. The prompts' texts go to ``prompts.txt.jsonl`` beside them, for a person to read."""
     from specdiff import SamplingParams
+    from specdiff.distill.selfwritten import cached_heldout, training_requests
+    from specdiff.dtypes import dtype_name
     from specdiff.distill.teacher import sample_completions
     from specdiff.hf import HFModel
     from specdiff.models import load_causal_lm
-    from specdiff.prompts import DOMAINS, chat_prompt_ids, load_prompts, training_prompts
+    from specdiff.prompts import DISJOINT_SETS, SELF_WRITTEN, TRAINING_MIX, eval_prompts, prompt_ids, training_mix
 
     model, tokenizer = load_causal_lm(DEFAULT_VERIFIER, "auto")  # the dtype policy: float32 on a CPU without bf16
-    eval_limits = dict.fromkeys(DOMAINS, 2) if quick() else {"code": 6, "math": 6, "chat": 4}
-    evaluation = [(d, text) for d in DOMAINS for text in load_prompts(d, "eval", eval_limits[d])]
-    # Training prompts in priority order: a first run's teacher stops where its share of the time budget ends.
-    train = ([(d, text) for d in DOMAINS for text in load_prompts(d, "train", 2)] if quick()
-             else training_prompts())
-    rows = {split: [{"domain": d, "prompt_ids": chat_prompt_ids(tokenizer, text)} for d, text in pairs]
-            for split, pairs in (("train", train), ("eval", evaluation))}
+    hf = HFModel(model)
+    per_set = 1 if quick() else 4
+    scale = 0.02 if quick() else 1.0
+    n_self = max(1, round(TRAINING_MIX[SELF_WRITTEN] * scale))
+    if quick():  # one small batch each: the smoke test checks the plumbing, not the prompts
+        from specdiff.distill.selfwritten import self_written_prompts
+
+        train_self = self_written_prompts(hf, tokenizer, n_self, 0, batch_size=4, max_batches=1)
+        held_self = self_written_prompts(hf, tokenizer, per_set, 1, batch_size=4, max_batches=1)
+    else:  # the bench reads the same held-out requests from the same file
+        held_self = cached_heldout(state_dir() / "prompts", dtype_name(model.dtype), lambda: (hf, tokenizer))
+        train_self = training_requests(hf, tokenizer, n_self, held_self)
+        held_self = held_self[:per_set]
+    train = training_mix(train_self, scale=scale)
+    evaluation = [p for ps in eval_prompts(DISJOINT_SETS, per_set, lambda n: held_self).values() for p in ps]
+    rows = {split: [{"domain": p.source, "prompt_ids": prompt_ids(tokenizer, p)} for p in prompts]
+            for split, prompts in (("train", train), ("eval", evaluation))}
+    rows = {split: [r for r in rs if r["prompt_ids"]] for split, rs in rows.items()}
     recipe = default_recipe()
     new_tokens = 12 if quick() else recipe["teacher"]["max_new_tokens"]
     prompts = [r["prompt_ids"][-recipe["data"]["max_prompt_tokens"]:] for r in rows["eval"]]
-    completions, _, _ = sample_completions(HFModel(model), prompts, new_tokens, SamplingParams(0.0), 0, None)
+    completions, _, _ = sample_completions(hf, prompts, new_tokens, SamplingParams(0.0), 0, None)
     for r, p, c in zip(rows["eval"], prompts, completions.tolist()):
         r.update(prompt_ids=p, completion_ids=c)
+    (work / "prompts.txt.jsonl").write_text("".join(
+        json.dumps({"split": split, "source": p.source, "raw": p.raw, "text": p.text}) + "\n"
+        for split, prompts in (("train", train), ("eval", evaluation)) for p in prompts))
     paths = []
     for split, name in (("train", "prompts.jsonl"), ("eval", "heldout.jsonl")):
         path = work / name
@@ -213,7 +229,7 @@ def publish(src: Path, dst: Path, record: dict) -> Path:
 FIRST_RUN_S = 15 * 60  # a fresh `python jobs/generate.py` (build, then its decode) should take at most this
 DECODE_RESERVE_S = 75  # of it: distill's start-up before its clock runs, then generate.py's load and two decodes
 # Of the distillation run's budget, the teacher's share (Ray's start included): a slower machine samples the
-# prompts that fit (training_prompts' priority order) and keeps the rest of its time for training steps. 2-core
+# prompts that fit (training_mix interleaves the sources) and keeps the rest of its time for training steps. 2-core
 # figures: a Xeon with AMX samples all 900 in ~2.5 min (of ~5.8 min allowed); an AVX2-only EPYC sampled 93-110/min.
 TEACHER_SHARE = 0.45
 DEFAULT_RECIPE = "smollm2-feature.yaml"  # in jobs/configs/

@@ -8,14 +8,22 @@
   (``specdiff.prompt_data.CHAT_QUESTIONS``, none on an evaluation question's topic).
 
 A prompt is a user message; ``chat_prompt_ids`` applies the verifier tokenizer's chat template.
+
+These three are the *in-distribution* sets: hand-written or templated here. What users send comes from elsewhere,
+so the default drafter also trains on, and the bench and the build judge it on, sources nobody here wrote
+(``SOURCES``): standard-library code and documentation prose (``specdiff.corpus``), in raw-completion and chat form;
+math from other generators (``specdiff.word_problems``); requests the verifier writes itself
+(``specdiff.distill.selfwritten``). Their ``eval`` splits are disjoint from training by construction (other files,
+other topics, other templates, another seed) and named in ``DISJOINT_SETS``.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal, Sequence
 
 from .prompt_data import CHAT_QUESTIONS, CODE_STUBS
 
@@ -173,3 +181,104 @@ def write_jsonl(path: str | Path, domains=DOMAINS, split: str = "train", limit: 
             for prompt in load_prompts(domain, split, limit):
                 f.write(json.dumps({"domain": domain, "prompt": prompt}) + "\n")
     return path
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of a source: ``text`` is a user message (``raw=False``, the chat template is applied) or text to
+    continue as it is (``raw=True``: a ``/v1/completions`` prompt, no template)."""
+
+    source: str
+    text: str
+    raw: bool = False
+
+
+# Every source: (train or eval split, count, seed) -> texts. ``raw`` sources are continued as they are.
+RAW_SOURCES = ("code-raw", "prose-raw")
+SELF_WRITTEN = "chat-self"  # needs the verifier: ``texts`` come from the caller (specdiff.distill.selfwritten)
+SOURCES = ("code", "math", "chat", "code-raw", "code-chat", "math-broad", "math-other", "prose-raw", "prose-chat",
+           SELF_WRITTEN)
+DISJOINT_SETS = ("code-raw", "code-chat", "math-other", SELF_WRITTEN)  # the bench's default evaluation
+IN_DISTRIBUTION_SETS = DOMAINS
+SEED = {"train": 0, "eval": 1}  # the self-written prompts' seeds (another seed: another, disjoint, set)
+
+
+def source_prompts(source: str, split: str, n: int, self_written: Sequence[str] = ()) -> list[Prompt]:
+    """``n`` prompts of ``source``'s ``split`` (``self_written``: the texts of ``chat-self``, sampled by the
+    caller with ``SEED[split]``)."""
+    from . import corpus
+    from .word_problems import word_problems
+
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    rng = random.Random(f"{source}-{split}")
+    if source in DOMAINS:
+        texts = load_prompts(source, split, n)
+    elif source in ("code-raw", "code-chat"):
+        # the two forms take different functions of the same split's files
+        texts = corpus.code_prompts(split, 2 * n)[source == "code-chat"::2]
+        if source == "code-chat":
+            texts = [corpus.wrap_code(t, split, rng) for t in texts]
+    elif source in ("prose-raw", "prose-chat"):
+        texts = corpus.prose_prompts(split, 2 * n)[source == "prose-chat"::2]
+        if source == "prose-chat":
+            texts = [corpus.wrap_prose(t, split, rng) for t in texts]
+    elif source == "math-broad":
+        if split != "train":
+            raise ValueError("math-broad is a training source; its evaluation counterpart is math-other")
+        texts = word_problems("broad", n)
+    elif source == "math-other":
+        if split != "eval":
+            raise ValueError("math-other is an evaluation source (nothing trains on its templates)")
+        texts = word_problems("other", n)
+    elif source == SELF_WRITTEN:
+        texts = list(self_written)[:n]
+    else:
+        raise ValueError(f"source must be one of {list(SOURCES)}, got {source!r}")
+    return [Prompt(source, t, raw=source in RAW_SOURCES) for t in texts[:n]]
+
+
+def prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
+    """Token ids as a client's request would carry them: raw text encoded as is, a message through the chat
+    template."""
+    if prompt.raw:
+        return list(tokenizer.encode(prompt.text, add_special_tokens=False))
+    return chat_prompt_ids(tokenizer, prompt.text)
+
+
+# The default drafter's training mix (jobs/build_drafter.py): about 1000 prompts, as many as the first run's teacher
+# samples in its share of 15 minutes on a 2-core CPU. The in-distribution sets are one source among several.
+TRAINING_MIX: dict[str, int] = {
+    "code": 184, "math": 150, "chat": 120,  # HumanEval + stubs, templated math, hand-written questions
+    "code-raw": 150, "code-chat": 90,  # standard-library functions, raw and as a request
+    "math-broad": 120,
+    SELF_WRITTEN: 130,
+    "prose-raw": 40, "prose-chat": 20,
+}
+
+
+def training_mix(self_written: Sequence[str], mix: dict[str, int] | None = None,
+                 scale: float = 1.0) -> list[Prompt]:
+    """The training prompts of ``mix`` (default ``TRAINING_MIX``, each count times ``scale``), interleaved in
+    proportion: a teacher that stops early (``teacher.time_budget_s``) keeps every source's share."""
+    mix = TRAINING_MIX if mix is None else mix
+    keyed = []
+    for rank, (source, count) in enumerate(mix.items()):
+        chosen = source_prompts(source, "train", max(1, round(count * scale)), self_written)
+        keyed += [((i + 0.5) / len(chosen), rank, p) for i, p in enumerate(chosen)]
+    return [p for _, _, p in sorted(keyed, key=lambda k: k[:2])]
+
+
+def eval_prompts(sets: Sequence[str], n: int, self_written: Callable[[int], Sequence[str]] | None = None
+                 ) -> dict[str, list[Prompt]]:
+    """``n`` held-out prompts of each named set (``DISJOINT_SETS``, ``IN_DISTRIBUTION_SETS`` or any source with an
+    eval split); ``self_written(n)`` supplies the ``chat-self`` texts (sampled with ``SEED['eval']``)."""
+    out = {}
+    for name in sets:
+        texts: Sequence[str] = ()
+        if name == SELF_WRITTEN:
+            if self_written is None:
+                raise ValueError("the chat-self set needs the verifier to write it: pass self_written")
+            texts = self_written(n)
+        out[name] = source_prompts(name, "eval", n, texts)
+    return out

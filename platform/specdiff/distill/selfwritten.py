@@ -1,0 +1,104 @@
+"""Prompts the verifier writes itself (Magpie, arXiv 2406.08464): fed only its chat template up to the start of a
+user turn, an instruct model writes a plausible user request. The teacher then answers them as it answers any
+prompt. Seeds give disjoint sets: the build trains on one seed's prompts and evaluates on another's, with every
+evaluation prompt that also appears in training removed.
+
+Pure torch over ``sample_completions``; the tokenizer is any with ``apply_chat_template``, ``encode`` and
+``decode`` (``specdiff.tokenizer`` or transformers').
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+import torch
+
+from ..config import SamplingParams
+from ..hf import HFModel
+from .teacher import sample_completions
+
+_PROBE = "\x00user-turn\x00"
+MAX_TOKENS = 48  # a request longer than this is cut off mid-way and dropped
+
+
+def user_turn_header(tokenizer) -> list[int]:
+    """The chat template's ids up to where a user message's text begins (system turn included, if it has one)."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": _PROBE}], tokenize=False,
+                                         add_generation_prompt=False)
+    if _PROBE not in text:
+        raise ValueError("the tokenizer's chat template does not place the user message verbatim: no user-turn "
+                         "header to sample from")
+    return list(tokenizer.encode(text[: text.index(_PROBE)], add_special_tokens=False))
+
+
+def keep(text: str) -> bool:
+    """A usable request: a few words of mostly plain text, not a loop of the same words."""
+    words = text.split()
+    if not 4 <= len(words) <= 80 or len(text) > 400:
+        return False
+    if sum(c.isascii() for c in text) < 0.97 * len(text) or "<|" in text or "http" in text:
+        return False
+    return len(set(words)) >= 0.6 * len(words)
+
+
+def normalized(text: str) -> str:
+    return re.sub(r"\W+", " ", text.lower()).strip()
+
+
+def self_written_prompts(model: HFModel, tokenizer, n: int, seed: int, *, exclude: Iterable[str] = (),
+                         batch_size: int = 64, temperature: float = 1.0, top_p: float = 0.95,
+                         max_batches: int | None = None) -> list[str]:
+    """Up to ``n`` distinct user requests sampled from ``model`` (seeded; those in ``exclude`` left out), in the
+    order sampled. Stops after ``max_batches`` batches (default: enough for twice ``n``) even if fewer were kept."""
+    header = user_turn_header(tokenizer)
+    end_ids = {i for i in (tokenizer.eos_token_id, _token_id(tokenizer, "<|im_end|>"), _token_id(tokenizer, "<|eot_id|>"))
+               if i is not None}
+    seen = {normalized(t) for t in exclude}
+    generator = torch.Generator().manual_seed(seed)
+    sampling = SamplingParams(temperature=temperature, top_p=top_p)
+    out: list[str] = []
+    batches = max_batches if max_batches is not None else max(2, -(-2 * n // batch_size))
+    for _ in range(batches):
+        completions, _, _ = sample_completions(model, [header] * batch_size, MAX_TOKENS, sampling, 0, generator)
+        for row in completions.tolist():
+            end = next((i for i, t in enumerate(row) if t in end_ids), None)
+            if end is None:  # never finished its request
+                continue
+            text = tokenizer.decode(row[:end], skip_special_tokens=True).strip()
+            key = normalized(text)
+            if key in seen or not keep(text):
+                continue
+            seen.add(key)
+            out.append(text)
+            if len(out) == n:
+                return out
+    return out
+
+
+def _token_id(tokenizer, token: str) -> int | None:
+    """The id of a special token the vocabulary has as one piece, else None."""
+    ids = tokenizer.encode(token, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
+
+
+def training_requests(model: HFModel, tokenizer, n: int, heldout: Iterable[str], seed: int = 0) -> list[str]:
+    """``n`` training requests of ``seed``, none of them among ``heldout`` (``cached_heldout``)."""
+    return self_written_prompts(model, tokenizer, n, seed, exclude=heldout) if n else []
+
+
+def cached_heldout(folder, dtype_name: str, model_factory) -> list[str]:
+    """The held-out self-written requests (``eval_seed`` 1's first batch, as ``training_and_heldout`` draws them),
+    kept in ``folder`` per dtype so the build and every bench on this machine read the same ones;
+    ``model_factory()`` -> (HFModel, tokenizer) is called only when they are not there yet."""
+    import json
+    from pathlib import Path
+
+    path = Path(folder) / f"chat-self-heldout-{dtype_name}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    model, tokenizer = model_factory()
+    heldout = self_written_prompts(model, tokenizer, 64, 1, max_batches=1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(heldout, indent=1))
+    return heldout
