@@ -186,9 +186,14 @@ class Runner:
             model.register_forward_hook(lambda *_: setattr(self, "_calls", self._calls + 1))
 
     def heldout_requests(self) -> list[str]:
-        """The held-out self-written requests (chat-self), as the build drew them on this machine and dtype."""
-        from specdiff.distill.selfwritten import cached_heldout
+        """The held-out self-written requests (chat-self): the packaged ones of an embedded verifier, else sampled
+        once on this machine and dtype and kept in the state folder."""
+        from specdiff.distill.selfwritten import cached_heldout, packaged
         from specdiff.hf import HFModel
+
+        shipped = packaged(Path(self.args.verifier).name)
+        if shipped is not None:  # the embedded verifier's, shipped with the package: the same on every machine
+            return shipped["heldout"]
 
         def sampler():  # batched sampling with padding masks: transformers' model
             hf_model = self.model if type(self.model).__module__.startswith("transformers") else \

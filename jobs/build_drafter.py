@@ -68,34 +68,26 @@ def work_dir() -> Path:
     return state_dir() / "build" / "smollm2"
 
 
-def write_prompts(work: Path) -> tuple[Path, Path]:
+def write_prompts(work: Path, scale: float = 1.0) -> tuple[Path, Path]:
     """The training prompts' ids (``specdiff.prompts.training_mix``: the in-distribution sets beside standard-library
     code and prose, raw and as requests, broader math and requests the verifier writes itself), and greedy teacher
     trajectories of held-out prompts from sources disjoint from training (``DISJOINT_SETS``: other files, other
     templates, another seed). Held-out trajectories are sampled here, once, so no stage has to start a teacher actor
-    for 16 prompts. The prompts' texts go to ``prompts.txt.jsonl`` beside them, for a person to read."""
+    for 16 prompts. The prompts' texts go to ``prompts.txt.jsonl`` beside them, for a person to read. ``scale``
+    multiplies every source's count (a source with fewer prompts gives all it has)."""
     from specdiff import SamplingParams
-    from specdiff.distill.selfwritten import cached_heldout, training_requests
-    from specdiff.dtypes import dtype_name
+    from specdiff.distill.selfwritten import packaged
     from specdiff.distill.teacher import sample_completions
     from specdiff.hf import HFModel
     from specdiff.models import load_causal_lm
     from specdiff.prompts import DISJOINT_SETS, SELF_WRITTEN, TRAINING_MIX, eval_prompts, prompt_ids, training_mix
 
     model, tokenizer = load_causal_lm(DEFAULT_VERIFIER, "auto")  # the dtype policy: float32 on a CPU without bf16
-    hf = HFModel(model)
     per_set = 1 if quick() else 4
-    scale = 0.02 if quick() else 1.0
+    scale = 0.02 if quick() else scale  # a longer build's budget buys more prompts of every source
     n_self = max(1, round(TRAINING_MIX[SELF_WRITTEN] * scale))
-    if quick():  # one small batch each: the smoke test checks the plumbing, not the prompts
-        from specdiff.distill.selfwritten import self_written_prompts
-
-        train_self = self_written_prompts(hf, tokenizer, n_self, 0, batch_size=4, max_batches=1)
-        held_self = self_written_prompts(hf, tokenizer, per_set, 1, batch_size=4, max_batches=1)
-    else:  # the bench reads the same held-out requests from the same file
-        held_self = cached_heldout(state_dir() / "prompts", dtype_name(model.dtype), lambda: (hf, tokenizer))
-        train_self = training_requests(hf, tokenizer, n_self, held_self)
-        held_self = held_self[:per_set]
+    shipped = packaged(DEFAULT_VERIFIER)  # written once by this verifier, shipped with the package: no sampling here
+    train_self, held_self = shipped["train"][:n_self], shipped["heldout"][:per_set]
     train = training_mix(train_self, scale=scale)
     evaluation = [p for ps in eval_prompts(DISJOINT_SETS, per_set, lambda n: held_self).values() for p in ps]
     rows = {split: [{"domain": p.source, "prompt_ids": prompt_ids(tokenizer, p)} for p in prompts]
@@ -104,7 +96,7 @@ def write_prompts(work: Path) -> tuple[Path, Path]:
     recipe = default_recipe()
     new_tokens = 12 if quick() else recipe["teacher"]["max_new_tokens"]
     prompts = [r["prompt_ids"][-recipe["data"]["max_prompt_tokens"]:] for r in rows["eval"]]
-    completions, _, _ = sample_completions(hf, prompts, new_tokens, SamplingParams(0.0), 0, None)
+    completions, _, _ = sample_completions(HFModel(model), prompts, new_tokens, SamplingParams(0.0), 0, None)
     for r, p, c in zip(rows["eval"], prompts, completions.tolist()):
         r.update(prompt_ids=p, completion_ids=c)
     (work / "prompts.txt.jsonl").write_text("".join(
@@ -270,7 +262,10 @@ def build_default(force: bool = False, budget_s: float | None = FIRST_RUN_S) -> 
     work.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     print(f"building the default drafter for {DEFAULT_VERIFIER} (once; logs in {work})", flush=True)
-    prompts, _ = write_prompts(work)
+    # A budget longer than the first run's buys proportionally more prompts and steps (the scaling table of
+    # docs/results.md); the recipe itself is the first run's.
+    scale = max(1.0, budget_s / FIRST_RUN_S) if budget_s else 1.0
+    prompts, _ = write_prompts(work, scale)
     prompts_s = time.perf_counter() - began
     wanted = sum(1 for line in prompts.open() if line.strip())
     if force and budget_s is None and 0 < sampled_trajectories(work / "trajectories") < wanted:
@@ -280,9 +275,13 @@ def build_default(force: bool = False, budget_s: float | None = FIRST_RUN_S) -> 
     if budget_s and not quick():
         left = max(60.0, budget_s - (time.perf_counter() - began) - DECODE_RESERVE_S)
         budget = [f"train.time_budget_s={left:.0f}", f"teacher.time_budget_s={TEACHER_SHARE * left:.0f}"]
+    if scale > 1:
+        recipe = default_recipe()
+        budget += [f"train.steps={round(recipe['train']['steps'] * scale)}",
+                   f"objective.warmup_ce_steps={round(recipe['objective']['warmup_ce_steps'] * scale)}"]
     feature = distill("feature drafter: teacher + streak-distillation", DEFAULT_RECIPE, work, "feature",
                       budget)
-    recipe_steps = default_recipe()["train"]["steps"]
+    recipe_steps = round(default_recipe()["train"]["steps"] * scale)
     sampled = sampled_trajectories(work / "trajectories")
     record = {"recipe": [f"jobs/configs/{DEFAULT_RECIPE}"], "stages": {"feature": feature},
               "prompts_s": round(prompts_s, 1), "wall_s": round(time.perf_counter() - began, 1),

@@ -39,19 +39,16 @@ def test_training_splits_hold_the_extra_prompts():
     assert all(q.lower() not in evaluation for q in CHAT_QUESTIONS)
 
 
-def test_training_prompts_come_in_priority_order():
-    """A time-budgeted teacher samples a prefix of this list: the sets the recipe was first measured on come first,
-    and any prefix keeps each domain's share."""
+def test_training_mix_interleaves_every_source_in_proportion():
+    """A time-budgeted teacher samples a prefix of the mix: any prefix keeps each source's share."""
     from collections import Counter
 
-    from specdiff.prompts import training_prompts
+    from specdiff.prompts import SELF_WRITTEN, TRAINING_MIX, training_mix
 
-    ordered = training_prompts()
-    everything = [(d, p) for d in DOMAINS for p in load_prompts(d, "train")]
-    assert sorted(ordered) == sorted(everything)  # the same prompts (math draws one problem twice)
-    core = Counter(d for d, _ in ordered[:560])
-    assert core == {"code": 124, "math": 400, "chat": 36}
-    assert {p for d, p in ordered[:560] if d == "chat"} == set(load_prompts("chat", "train", 36))
-    head = Counter(d for d, _ in ordered[:280])  # half the core: half of each domain's
-    assert all(abs(head[d] - core[d] / 2) <= 1 for d in DOMAINS)
-    assert training_prompts(10) == ordered[:10]
+    requests = [f"request number {i} about something" for i in range(TRAINING_MIX[SELF_WRITTEN])]
+    mix = training_mix(requests)
+    assert Counter(p.source for p in mix) == TRAINING_MIX
+    half = Counter(p.source for p in mix[: len(mix) // 2])
+    assert all(abs(half[s] - n / 2) <= 1 for s, n in TRAINING_MIX.items())
+    assert {p.source for p in mix if p.raw} == {"code-raw", "prose-raw"}
+    assert [p.text for p in mix if p.source == SELF_WRITTEN] == requests

@@ -79,9 +79,12 @@ def function_prompts(source: str) -> list[str]:
         end = first.end_lineno if has_doc else node.body[0].lineno - 1  # 1-based, inclusive
         start = min([node.lineno] + [d.lineno for d in node.decorator_list])
         begin = max(0, start - 1 - CONTEXT_LINES)
-        text = "".join(lines[begin:end])[-MAX_PROMPT_CHARS:]
-        if "\n" in text and len(text.strip()) >= 40:
-            out.append(text[text.index("\n") + 1:] if begin < start - 1 else text)  # no half line at the cut
+        text = "".join(lines[begin:end])
+        if len(text) > MAX_PROMPT_CHARS:  # cut at a line's start, never inside one
+            text = text[-MAX_PROMPT_CHARS:]
+            text = text[text.find("\n") + 1:]
+        if len(text.strip()) >= 40:
+            out.append(text)
     return out
 
 
@@ -120,7 +123,10 @@ def prose_prompts(split: str, n: int, seed: int = 0, chars: tuple[int, int] = (3
 
     rng = random.Random(f"prose-{split}-{seed}")
     names = sorted(name for name in topics if split_of(name) == split)
-    paragraphs = [p for name in names for p in _paragraphs(topics[name])]
+    paragraphs = list(dict.fromkeys(p for name in names for p in _paragraphs(topics[name])))
+    if split == "eval":  # topics repeat one another's paragraphs: a held-out one is in no training topic
+        seen = {p for name in topics if split_of(name) == "train" for p in _paragraphs(topics[name])}
+        paragraphs = [p for p in paragraphs if p not in seen]
     rng.shuffle(paragraphs)
     out = []
     for text in paragraphs:

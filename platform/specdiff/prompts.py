@@ -152,21 +152,6 @@ def load_prompts(domain: str, split: str, limit: int | None = None) -> list[str]
     return prompts[:limit] if limit is not None else prompts
 
 
-def training_prompts(limit: int | None = None) -> list[tuple[str, str]]:
-    """``(domain, prompt)`` of every training split in priority order, for a teacher that may stop early
-    (``teacher.time_budget_s``): first the sets the default recipe was measured on before the added prompts (124
-    HumanEval, 400 math, 36 chat), then the added ones (``specdiff.prompt_data``); within each part the domains are
-    interleaved in proportion, so any cut keeps the same share of each."""
-    core = {"code": _CODE_TRAIN, "math": _MATH_TRAIN, "chat": _CHAT_TRAIN}
-    parts: list[list[tuple[float, int, str, str]]] = [[], []]
-    for rank, domain in enumerate(DOMAINS):
-        prompts = load_prompts(domain, "train")
-        for part, chunk in enumerate((prompts[: core[domain]], prompts[core[domain]:])):
-            parts[part] += [((i + 0.5) / len(chunk), rank, domain, text) for i, text in enumerate(chunk)]
-    ordered = [(domain, text) for part in parts for _, _, domain, text in sorted(part)]
-    return ordered[:limit] if limit is not None else ordered
-
-
 def chat_prompt_ids(tokenizer, message: str) -> list[int]:
     ids = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

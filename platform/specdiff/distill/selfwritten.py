@@ -9,7 +9,9 @@ Pure torch over ``sample_completions``; the tokenizer is any with ``apply_chat_t
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Iterable
 
 import torch
@@ -82,6 +84,29 @@ def _token_id(tokenizer, token: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
+DATA = Path(__file__).resolve().parent.parent / "data" / "self_written"
+
+
+def packaged(verifier_name: str) -> dict | None:
+    """The requests written once by an embedded verifier and shipped with the package (``{"train": [...],
+    "heldout": [...], "sampling": {...}}``), or None for a verifier without a file: the build then samples its own."""
+    path = DATA / f"{verifier_name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_packaged(model: HFModel, tokenizer, path: str | Path, n_train: int, *, train_seed: int = 0,
+                   eval_seed: int = 1) -> dict:
+    """Sample the held-out batch (``eval_seed``) and ``n_train`` training requests that avoid it, and write both."""
+    heldout = self_written_prompts(model, tokenizer, 64, eval_seed, max_batches=1)
+    train = self_written_prompts(model, tokenizer, n_train, train_seed, exclude=heldout)
+    record = {"train": train, "heldout": heldout, "sampling": {
+        "temperature": 1.0, "top_p": 0.95, "max_tokens": MAX_TOKENS, "train_seed": train_seed,
+        "eval_seed": eval_seed, "dtype": str(model.dtype).removeprefix("torch.")}}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
 def training_requests(model: HFModel, tokenizer, n: int, heldout: Iterable[str], seed: int = 0) -> list[str]:
     """``n`` training requests of ``seed``, none of them among ``heldout`` (``cached_heldout``)."""
     return self_written_prompts(model, tokenizer, n, seed, exclude=heldout) if n else []
@@ -91,9 +116,6 @@ def cached_heldout(folder, dtype_name: str, model_factory) -> list[str]:
     """The held-out self-written requests (``eval_seed`` 1's first batch, as ``training_and_heldout`` draws them),
     kept in ``folder`` per dtype so the build and every bench on this machine read the same ones;
     ``model_factory()`` -> (HFModel, tokenizer) is called only when they are not there yet."""
-    import json
-    from pathlib import Path
-
     path = Path(folder) / f"chat-self-heldout-{dtype_name}.json"
     if path.is_file():
         return json.loads(path.read_text())
@@ -102,3 +124,14 @@ def cached_heldout(folder, dtype_name: str, model_factory) -> list[str]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(heldout, indent=1))
     return heldout
+
+
+if __name__ == "__main__":  # python -m specdiff.distill.selfwritten OUT.json N [VERIFIER]: the packaged file
+    import sys
+
+    from ..models import DEFAULT_VERIFIER, load_causal_lm
+
+    out, n = sys.argv[1], int(sys.argv[2])
+    lm, tok = load_causal_lm(sys.argv[3] if len(sys.argv) > 3 else DEFAULT_VERIFIER, "auto")
+    rec = write_packaged(HFModel(lm), tok, out, n)
+    print(f"{len(rec['train'])} training and {len(rec['heldout'])} held-out requests -> {out}")
