@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="override one config value (YAML syntax); repeatable")
     parser.add_argument("--check", action="store_true", help="validate the config and exit")
     parser.add_argument("--summary", type=Path, default=None, metavar="PATH",
-                        help="also write the run's summary (step, finished, output_dir, expected streaks) as JSON here")
+                        help="also write the run's summary (step, finished, output_dir, expected streaks, prompt "
+                             "counts: data.*.dropped_empty / truncated) as JSON here")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         "step": summary.step, "finished": summary.finished, "output_dir": summary.output_dir,
         "expected_streak": summary.metrics.get("eval/expected_streak"),
         "initial_expected_streak": summary.metrics.get("eval/initial_expected_streak"),
+        "data": summary.data,  # per prompt dataset: rows, kept, dropped_empty, truncated
     }
     if args.summary is not None:
         write_summary(args.summary, record)

@@ -6,7 +6,8 @@ Python::
     summary = run(load_config("jobs/configs/tiny.yaml", ["train.steps=20"]))
     summary.output_dir  # a folder for specdiff.load_drafter, with the verifier record
 
-Order of work: validate the config and its paths, hash the verifier, start/connect Ray, sample the held-out
+Order of work: validate the config and its paths, hash the verifier, read, check and tokenize the prompt datasets
+(``specdiff.distill.datasets``: a bad file fails here, before Ray starts), start/connect Ray, sample the held-out
 trajectories (small, collected on the driver), then fit. Training trajectories are not materialised: the teacher's
 ``map_batches`` output streams into the workers' dataset shards (unless ``teacher.save_to`` asks for a parquet copy).
 """
@@ -27,6 +28,7 @@ from ..memory import KEEP_FREED_ENV
 from ..models import resolve_model_path
 from ..publish import publishing
 from .config import DistillConfig, parse_config
+from .datasets import prepare_data
 from .feature import draft_vocabulary
 from .teacher import VerifierRecord, read_records, teacher_dataset, verifier_record
 from .train import DRAFTER_DIR, STATE, train_loop
@@ -44,6 +46,9 @@ class DistillSummary:
     metrics: dict = field(default_factory=dict)  # rank 0's last reported metrics
     verifier: dict = field(default_factory=dict)
     checkpoint: str | None = None
+    # per prompt dataset ("data.prompts", "data.heldout"; absent: trajectories used as is): rows, kept,
+    # dropped_empty, truncated (cut to their last data.max_prompt_tokens), column, path (datasets.DataCounts)
+    data: dict = field(default_factory=dict)
 
 
 def absolutize(cfg: DistillConfig) -> DistillConfig:
@@ -112,20 +117,21 @@ def run(cfg: DistillConfig) -> DistillSummary:
     print(f"[distill] verifier {record.name} {record.version} {record.digest[:19]}...", flush=True)
     dtype, why = resolve_dtype_with_reason(cfg.verifier.dtype)  # each teacher actor and worker resolves it again
     print(f"[distill] verifier dtype {dtype_name(dtype)} ({why})", flush=True)
+    data = prepare_data(cfg)  # on the driver, before Ray starts: a bad dataset fails here
     init_ray(cfg)
     # Ray Data's progress bars on a terminal; in a log (a pipe, `ray job submit`) they print a screenful per second.
     ray.data.DataContext.get_current().enable_progress_bars = sys.stdout.isatty()
 
     cfg = resolve_feature_taps(cfg)
-    heldout_ds = read_records(cfg.data.heldout, cfg.data.read_cpus)
+    heldout_ds = read_records(data.heldout, cfg.data.read_cpus)
     if "completion_ids" in heldout_ds.schema().names:  # trajectories already (e.g. written by the teacher once)
         heldout = heldout_ds.take_all()
     else:
         heldout = teacher_dataset(heldout_ds, record, cfg).take_all()
     prefixes = heldout_prefixes(heldout, cfg.eval.offsets)
     print(f"[distill] teacher: {len(heldout)} held-out trajectories -> {len(prefixes)} eval windows", flush=True)
-    train_ds = training_trajectories(cfg, record, began)
-    vocabulary = feature_vocabulary(cfg, train_ds)
+    train_ds = training_trajectories(cfg, record, began, prompts=data.prompts)
+    vocabulary = feature_vocabulary(cfg, train_ds, prompts=data.prompts)
 
     t = cfg.train
     trainer = TorchTrainer(
@@ -150,7 +156,7 @@ def run(cfg: DistillConfig) -> DistillSummary:
     result = trainer.fit()
     if result.error is not None:
         raise result.error
-    return summarize(cfg, record, result)
+    return summarize(cfg, record, result, data=data.summary())
 
 
 def materialized(cfg: DistillConfig) -> bool:
@@ -158,9 +164,12 @@ def materialized(cfg: DistillConfig) -> bool:
     return bool(cfg.data.trajectories or cfg.teacher.save_to)
 
 
-def training_trajectories(cfg: DistillConfig, record: VerifierRecord, began: float | None = None):
+def training_trajectories(cfg: DistillConfig, record: VerifierRecord, began: float | None = None, *,
+                          prompts: str | None = None):
     """Streamed teacher output, or parquet trajectories (reused, or written first when teacher.save_to is set).
-    ``began``: the job's start (``time.time()``), which ``teacher.time_budget_s`` counts from."""
+    ``began``: the job's start (``time.time()``), which ``teacher.time_budget_s`` counts from. ``prompts``: the
+    prompt records to read (``run`` passes the normalized file of ``datasets.prepare_data``); default
+    ``data.prompts``."""
     taps = cfg.drafter.target_layer_ids if is_feature(cfg) else None
     if cfg.data.trajectories:
         print(f"[distill] reusing trajectories from {cfg.data.trajectories}", flush=True)
@@ -176,7 +185,7 @@ def training_trajectories(cfg: DistillConfig, record: VerifierRecord, began: flo
         return cached(ds, cfg.data.trajectories)
     budget = cfg.teacher.time_budget_s
     deadline = (began if began is not None else time.time()) + budget if budget else None
-    ds = teacher_dataset(read_records(cfg.data.prompts, cfg.data.read_cpus), record, cfg, taps,
+    ds = teacher_dataset(read_records(prompts or cfg.data.prompts, cfg.data.read_cpus), record, cfg, taps,
                          whole_batches=materialized(cfg), deadline=deadline)
     if cfg.teacher.save_to:
         save_to = cfg.teacher.save_to
@@ -231,9 +240,9 @@ def resolve_feature_taps(cfg: DistillConfig) -> DistillConfig:
     return parse_config(tree)
 
 
-def feature_vocabulary(cfg: DistillConfig, train_ds) -> list[int] | None:
+def feature_vocabulary(cfg: DistillConfig, train_ds, *, prompts: str | None = None) -> list[int] | None:
     """The draft vocabulary of a new feature drafter: the most frequent ids of the training trajectories (prompt
-    and completion tokens), counted once on the driver before training."""
+    and completion tokens), counted once on the driver before training. ``prompts``: as ``training_trajectories``."""
     if cfg.drafter.init != "feature" or cfg.drafter.draft_vocab_size is None:
         return None
     from transformers import AutoConfig
@@ -246,7 +255,7 @@ def feature_vocabulary(cfg: DistillConfig, train_ds) -> list[int] | None:
         rows = train_ds.select_columns(["prompt_ids", "completion_ids"]).take_all()
         token_lists = [list(r["prompt_ids"]) + list(r["completion_ids"]) for r in rows]
     else:  # streamed: counting completions would run the teacher twice, so count the prompts
-        rows = read_records(cfg.data.prompts, cfg.data.read_cpus).take_all()
+        rows = read_records(prompts or cfg.data.prompts, cfg.data.read_cpus).take_all()
         if rows and "prompt_ids" not in rows[0]:
             from transformers import AutoTokenizer
 
@@ -260,11 +269,11 @@ def feature_vocabulary(cfg: DistillConfig, train_ds) -> list[int] | None:
     return ids.tolist()
 
 
-def summarize(cfg: DistillConfig, record: VerifierRecord, result) -> DistillSummary:
+def summarize(cfg: DistillConfig, record: VerifierRecord, result, data: dict | None = None) -> DistillSummary:
     metrics = dict(result.metrics or {})
     step = int(metrics.get("step", 0))
     summary = DistillSummary(step=step, finished=step == metrics.get("planned_steps", cfg.train.steps),
-                             output_dir=None, metrics=metrics, verifier=record.to_dict())
+                             output_dir=None, metrics=metrics, verifier=record.to_dict(), data=dict(data or {}))
     if result.checkpoint is None:
         return summary
     with result.checkpoint.as_directory() as d:
