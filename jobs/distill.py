@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
 from specdiff import publish  # noqa: E402
 from specdiff.distill import load_config, run  # noqa: E402
+from specdiff.distill.datasets import DatasetError  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
         return 0
-    summary = run(cfg)
+    try:
+        summary = run(cfg)
+    except DatasetError as e:  # a bad prompt file: found on the driver before Ray starts
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     record = {
         "step": summary.step, "finished": summary.finished, "output_dir": summary.output_dir,
         "expected_streak": summary.metrics.get("eval/expected_streak"),

@@ -281,6 +281,18 @@ def test_a_bad_dataset_fails_the_job_before_ray_starts(tmp_path, verifier):
     assert not ray.is_initialized()
 
 
+def test_cli_reports_a_bad_dataset_with_status_2_before_ray_starts(tmp_path, verifier):
+    prompts = write(tmp_path / "train.jsonl", [{"prompt_ids": [1]}, {"prompt_ids": [1], "prompt": "x"}])
+    cmd = [sys.executable, str(REPO / "jobs" / "distill.py"), "--config", str(TINY)]
+    for o in job_overrides(verifier, tmp_path, prompts, prompts):
+        cmd += ["--set", o]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO / "platform")})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"error: data.prompts {str(prompts)!r}: has the columns ['prompt', 'prompt_ids']" in out.stderr
+    assert "Traceback" not in out.stderr and "Started a local Ray instance" not in out.stderr + out.stdout
+
+
 def test_cli_summary_carries_the_counts(tmp_path, verifier, monkeypatch):
     sys.path.insert(0, str(REPO / "jobs"))
     import distill as cli

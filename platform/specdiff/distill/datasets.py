@@ -67,6 +67,10 @@ class PreparedData:
         return dict(self.counts)
 
 
+class DatasetError(ValueError):
+    """A prompt dataset that cannot be used: the message names the file (and the line or row)."""
+
+
 class _Where:
     """Names the file, and the line or row, in an error message."""
 
@@ -74,10 +78,10 @@ class _Where:
         self.field, self.path, self.unit = field, path, unit
 
     def file(self, message: str) -> ValueError:
-        return ValueError(f"{self.field} {self.path!r}: {message}")
+        return DatasetError(f"{self.field} {self.path!r}: {message}")
 
     def row(self, number: int, message: str) -> ValueError:
-        return ValueError(f"{self.field} {self.path!r}, {self.unit} {number}: {message}")
+        return DatasetError(f"{self.field} {self.path!r}, {self.unit} {number}: {message}")
 
 
 # ---------------------------------------------------------------------------------------------------- reading
@@ -122,13 +126,13 @@ def read_rows(path: str, field: str = "data.prompts") -> tuple[list[dict], list[
         try:
             text = _read_bytes(path).decode("utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"{field} {path!r}: cannot read: {e}") from None
+            raise DatasetError(f"{field} {path!r}: cannot read: {e}") from None
         if path.endswith(".json"):
             try:
                 value = json.loads(text)
             except json.JSONDecodeError as e:
                 if e.msg != "Extra data":  # a second value after the first: one object a line
-                    raise ValueError(f"{field} {path!r}: not valid JSON: {e}") from None
+                    raise DatasetError(f"{field} {path!r}: not valid JSON: {e}") from None
             else:
                 where = _Where(field, path, "row")
                 if isinstance(value, dict):
