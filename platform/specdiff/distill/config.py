@@ -64,13 +64,21 @@ class VerifierSection(Section):
 
 
 class DataSection(Section):
-    prompts: str | None = Field(None, description="Training prompts: .jsonl/.json or .parquet with a "
-                                "`prompt_ids` (list of ints) or `prompt` (text, needs a tokenizer) column.")
+    prompts: str | None = Field(None, description="Training prompts: .jsonl, .json (a list of objects) or parquet "
+                                "(a file or a folder) with exactly one of the columns `prompt` (raw text, tokenized "
+                                "with the verifier's tokenizer, no chat template), `messages` (OpenAI "
+                                "role/content or ShareGPT from/value turns, the verifier's chat template applied; a "
+                                "last assistant turn is left out) or `prompt_ids` (list of ints); other columns are "
+                                "kept. Read, checked and tokenized on the driver before Ray starts "
+                                "(specdiff.distill.datasets): a bad file or row is an error naming it; empty prompts "
+                                "are dropped, and counted in the summary with the cut ones. Not read when "
+                                "data.trajectories is set.")
     heldout: str = Field(..., description="Held-out prompts for evaluation, same format; a file that already holds "
                          "trajectories (a `completion_ids` column) is used as is, without running the teacher.")
     trajectories: str | None = Field(None, description="Reuse teacher trajectories written earlier "
                                      "(teacher.save_to); the teacher is then not run for training data.")
-    max_prompt_tokens: int = Field(256, ge=1, description="Keep the last N tokens of each prompt.")
+    max_prompt_tokens: int = Field(256, ge=1, description="Keep the last N tokens of each prompt (data.prompts "
+                                   "and data.heldout; the summary counts the prompts cut).")
     read_cpus: float = Field(0.25, gt=0, description="Logical CPUs per file-read task (Ray Data's default of 1 "
                              "starves the teacher next to 2 train workers on a 2-core machine).")
     shuffle_buffer: int = Field(1024, ge=0, description="Saved trajectories (data.trajectories or "
