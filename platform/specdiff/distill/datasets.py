@@ -208,7 +208,8 @@ def _text(content, what: str) -> str:
     if isinstance(content, list):  # OpenAI content parts
         texts = []
         for j, part in enumerate(content, 1):
-            if not isinstance(part, dict) or part.get("type", "text") != "text" or not isinstance(part.get("text"), str):
+            text_part = isinstance(part, dict) and part.get("type", "text") == "text"
+            if not text_part or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise ValueError(f"{what}: content part {j} must be {{'type': 'text', 'text': str}}, got {kind!r}")
             texts.append(part["text"])
