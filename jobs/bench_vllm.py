@@ -34,12 +34,16 @@ import sys
 import time
 from pathlib import Path
 
+from specdiff.prompts import DISJOINT_SETS, IN_DISTRIBUTION_SETS, SOURCES
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--drafter", default=None, help="feature drafter folder (default: the state directory's default "
                    "drafter, built by jobs/build_drafter.py)")
-    p.add_argument("--domains", nargs="+", default=["code", "math", "chat"])
+    p.add_argument("--sets", "--domains", dest="domains", nargs="+", default=[*DISJOINT_SETS, *IN_DISTRIBUTION_SETS],
+                   choices=[s for s in SOURCES if s != "math-broad"], metavar="SET",
+                   help="prompt sets, as jobs/bench.py's --sets (default: %(default)s)")
     p.add_argument("--prompts-per-domain", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--gamma", type=int, default=4, help="speculative tokens per step for both vLLM methods")
@@ -98,7 +102,9 @@ def main(argv=None) -> int:
     from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder, generate_plain, load_drafter
     from specdiff.export_vllm import DEFAULT_MIN_DRAFT_CONFIDENCE, export_vllm
     from specdiff.models import default_verifier_path, load_causal_lm, state_dir
-    from specdiff.prompts import chat_prompt_ids, load_prompts
+    from specdiff.distill.selfwritten import packaged
+    from specdiff.models import DEFAULT_VERIFIER
+    from specdiff.prompts import eval_prompts, prompt_ids
 
     drafter_dir = Path(args.drafter) if args.drafter else state_dir() / "drafters" / "default"
     if not drafter_dir.is_dir():
@@ -113,8 +119,8 @@ def main(argv=None) -> int:
     gamma = min(args.gamma, export.num_speculative_tokens)
 
     model, tokenizer = load_causal_lm(str(verifier_dir), "float32")
-    prompts = [(d, chat_prompt_ids(tokenizer, p)) for d in args.domains
-               for p in load_prompts(d, "eval", args.prompts_per_domain)]
+    sets = eval_prompts(args.domains, args.prompts_per_domain, lambda n: packaged(DEFAULT_VERIFIER)["heldout"][:n])
+    prompts = [(name, prompt_ids(tokenizer, p)) for name, ps in sets.items() for p in ps]
     configs = {
         "vllm_plain": None,
         "vllm_ngram": {"method": "ngram", "num_speculative_tokens": gamma, "prompt_lookup_min": args.ngram[0],

@@ -26,6 +26,10 @@ LADDER = {
     "specdiff.llama": FRAMEWORKS + ABOVE_CORE,  # the lean verifier forward and tokenizer: never transformers
     "specdiff.tokenizer": FRAMEWORKS + ABOVE_CORE,
     "specdiff.text": FRAMEWORKS + ABOVE_CORE,
+    # prompt sources: plain Python over files every machine has (the self-written ones live in specdiff.distill)
+    "specdiff.prompts": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.corpus": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.word_problems": FRAMEWORKS + ABOVE_CORE,
     # adapters: each on its framework, none on another adapter or the lifecycle
     "specdiff.registry": ["ray", "vllm", "specdiff.distill", "specdiff.serving", "specdiff.realign"],
     "specdiff.distill.teacher": ["ray", "mlflow", "fastapi", "vllm", "specdiff.serving", "specdiff.registry",
