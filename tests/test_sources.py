@@ -83,7 +83,7 @@ class WordTokenizer:
 def test_self_written_requests_are_seeded_filtered_and_exclude_the_heldout(tmp_path):
     from helpers import tiny_llama
 
-    from specdiff.distill.selfwritten import cached_heldout, keep, self_written_prompts, training_requests, user_turn_header
+    from specdiff.distill.selfwritten import cached_heldout, keep, self_written_prompts, user_turn_header, write_packaged
     from specdiff.hf import HFModel
 
     tok = WordTokenizer(64)
@@ -96,8 +96,9 @@ def test_self_written_requests_are_seeded_filtered_and_exclude_the_heldout(tmp_p
     calls = []
     held = cached_heldout(tmp_path, "float32", lambda: calls.append(1) or (model, tok))
     assert cached_heldout(tmp_path, "float32", lambda: calls.append(1) or (model, tok)) == held and calls == [1]
-    train = training_requests(model, tok, 20, held)
-    assert not set(train) & set(held)
+    record = write_packaged(model, tok, tmp_path / "packaged.json", 20)
+    assert record["heldout"] == held  # the same seed and batch as the cached held-out set
+    assert record["train"] and not set(record["train"]) & set(held)
     assert not keep("loop loop loop loop loop loop") and not keep("hi") and keep("How do I bake a simple loaf of bread?")
 
 

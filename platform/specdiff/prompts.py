@@ -178,19 +178,19 @@ class Prompt:
     raw: bool = False
 
 
-# Every source: (train or eval split, count, seed) -> texts. ``raw`` sources are continued as they are.
+# Every source has a train and an eval split (but math-broad: train only, math-other: eval only); ``raw`` sources
+# are continued as they are, the others are user messages.
 RAW_SOURCES = ("code-raw", "prose-raw")
 SELF_WRITTEN = "chat-self"  # needs the verifier: ``texts`` come from the caller (specdiff.distill.selfwritten)
 SOURCES = ("code", "math", "chat", "code-raw", "code-chat", "math-broad", "math-other", "prose-raw", "prose-chat",
            SELF_WRITTEN)
 DISJOINT_SETS = ("code-raw", "code-chat", "math-other", SELF_WRITTEN)  # the bench's default evaluation
 IN_DISTRIBUTION_SETS = DOMAINS
-SEED = {"train": 0, "eval": 1}  # the self-written prompts' seeds (another seed: another, disjoint, set)
 
 
 def source_prompts(source: str, split: str, n: int, self_written: Sequence[str] = ()) -> list[Prompt]:
-    """``n`` prompts of ``source``'s ``split`` (``self_written``: the texts of ``chat-self``, sampled by the
-    caller with ``SEED[split]``)."""
+    """``n`` prompts of ``source``'s ``split`` (``self_written``: the texts of ``chat-self``, which the verifier
+    wrote: ``specdiff.distill.selfwritten``)."""
     from . import corpus
     from .word_problems import word_problems
 
@@ -257,7 +257,8 @@ def training_mix(self_written: Sequence[str], mix: dict[str, int] | None = None,
 def eval_prompts(sets: Sequence[str], n: int, self_written: Callable[[int], Sequence[str]] | None = None
                  ) -> dict[str, list[Prompt]]:
     """``n`` held-out prompts of each named set (``DISJOINT_SETS``, ``IN_DISTRIBUTION_SETS`` or any source with an
-    eval split); ``self_written(n)`` supplies the ``chat-self`` texts (sampled with ``SEED['eval']``)."""
+    eval split); ``self_written(n)`` supplies the ``chat-self`` texts (the held-out ones of
+    ``specdiff.distill.selfwritten``)."""
     out = {}
     for name in sets:
         texts: Sequence[str] = ()

@@ -1,7 +1,8 @@
 """Prompts the verifier writes itself (Magpie, arXiv 2406.08464): fed only its chat template up to the start of a
 user turn, an instruct model writes a plausible user request. The teacher then answers them as it answers any
-prompt. Seeds give disjoint sets: the build trains on one seed's prompts and evaluates on another's, with every
-evaluation prompt that also appears in training removed.
+prompt. Seeds give disjoint sets: training requests are drawn with seed 0, with every request of the held-out batch
+(seed 1) left out. The embedded verifier's are written once and shipped as package data (``write_packaged``,
+``packaged``: ``python -m specdiff.distill.selfwritten OUT.json N``), since sampling them cost a first run minutes.
 
 Pure torch over ``sample_completions``; the tokenizer is any with ``apply_chat_template``, ``encode`` and
 ``decode`` (``specdiff.tokenizer`` or transformers').
@@ -107,14 +108,9 @@ def write_packaged(model: HFModel, tokenizer, path: str | Path, n_train: int, *,
     return record
 
 
-def training_requests(model: HFModel, tokenizer, n: int, heldout: Iterable[str], seed: int = 0) -> list[str]:
-    """``n`` training requests of ``seed``, none of them among ``heldout`` (``cached_heldout``)."""
-    return self_written_prompts(model, tokenizer, n, seed, exclude=heldout) if n else []
-
-
 def cached_heldout(folder, dtype_name: str, model_factory) -> list[str]:
-    """The held-out self-written requests (``eval_seed`` 1's first batch, as ``training_and_heldout`` draws them),
-    kept in ``folder`` per dtype so the build and every bench on this machine read the same ones;
+    """The held-out self-written requests of a verifier without a packaged file (seed 1's first batch, as
+    ``write_packaged`` draws them), kept in ``folder`` per dtype so every bench on this machine reads the same ones;
     ``model_factory()`` -> (HFModel, tokenizer) is called only when they are not there yet."""
     path = Path(folder) / f"chat-self-heldout-{dtype_name}.json"
     if path.is_file():
