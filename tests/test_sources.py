@@ -26,8 +26,8 @@ def test_code_and_prose_splits_share_no_file_and_no_text():
 
 
 def test_function_prompts_stop_before_the_body():
-    source = 'import os\n\n\ndef join(a, b):\n    """Join two paths."""\n    x = os.path.join(a, b)\n    return x\n\n\n' \
-             'def short():\n    return 1\n\n\ndef bare(x):\n    y = x + 1\n    return y\n'
+    source = ('import os\n\n\ndef join(a, b):\n    """Join two paths."""\n    x = os.path.join(a, b)\n'
+              '    return x\n\n\ndef short():\n    return 1\n\n\ndef bare(x):\n    y = x + 1\n    return y\n')
     prompts = corpus.function_prompts(source)
     assert prompts[0] == 'import os\n\n\ndef join(a, b):\n    """Join two paths."""\n'
     assert prompts[1].endswith("def bare(x):\n") and "y = x + 1" not in prompts[1]
@@ -83,7 +83,8 @@ class WordTokenizer:
 def test_self_written_requests_are_seeded_filtered_and_exclude_the_heldout(tmp_path):
     from helpers import tiny_llama
 
-    from specdiff.distill.selfwritten import cached_heldout, keep, self_written_prompts, user_turn_header, write_packaged
+    from specdiff.distill.selfwritten import (cached_heldout, keep, self_written_prompts, user_turn_header,
+                                             write_packaged)
     from specdiff.hf import HFModel
 
     tok = WordTokenizer(64)
@@ -99,7 +100,8 @@ def test_self_written_requests_are_seeded_filtered_and_exclude_the_heldout(tmp_p
     record = write_packaged(model, tok, tmp_path / "packaged.json", 20)
     assert record["heldout"] == held  # the same seed and batch as the cached held-out set
     assert record["train"] and not set(record["train"]) & set(held)
-    assert not keep("loop loop loop loop loop loop") and not keep("hi") and keep("How do I bake a simple loaf of bread?")
+    assert not keep("loop loop loop loop loop loop") and not keep("hi")
+    assert keep("How do I bake a simple loaf of bread?")
 
 
 def test_raw_prompts_carry_no_template():

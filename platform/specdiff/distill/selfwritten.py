@@ -55,8 +55,8 @@ def self_written_prompts(model: HFModel, tokenizer, n: int, seed: int, *, exclud
     """Up to ``n`` distinct user requests sampled from ``model`` (seeded; those in ``exclude`` left out), in the
     order sampled. Stops after ``max_batches`` batches (default: enough for twice ``n``) even if fewer were kept."""
     header = user_turn_header(tokenizer)
-    end_ids = {i for i in (tokenizer.eos_token_id, _token_id(tokenizer, "<|im_end|>"), _token_id(tokenizer, "<|eot_id|>"))
-               if i is not None}
+    ends = (tokenizer.eos_token_id, _token_id(tokenizer, "<|im_end|>"), _token_id(tokenizer, "<|eot_id|>"))
+    end_ids = {i for i in ends if i is not None}
     seen = {normalized(t) for t in exclude}
     generator = torch.Generator().manual_seed(seed)
     sampling = SamplingParams(temperature=temperature, top_p=top_p)
