@@ -26,6 +26,9 @@ LADDER = {
     "specdiff.llama": FRAMEWORKS + ABOVE_CORE,  # the lean verifier forward and tokenizer: never transformers
     "specdiff.tokenizer": FRAMEWORKS + ABOVE_CORE,
     "specdiff.text": FRAMEWORKS + ABOVE_CORE,
+    # the adapters' install checks and Ray token look-up: standard library only, importable from every rung
+    "specdiff.extras": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.ray_auth": FRAMEWORKS + ABOVE_CORE,
     # prompt sources: plain Python over files every machine has (the self-written ones live in specdiff.distill)
     "specdiff.prompts": FRAMEWORKS + ABOVE_CORE,
     "specdiff.corpus": FRAMEWORKS + ABOVE_CORE,

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .dtypes import DTYPES, resolve_dtype  # noqa: F401 (DTYPES: kept importable from here)
+from .extras import require
 from .publish import publishing
 
 DEFAULT_VERIFIER = "smollm2-135m-instruct"
@@ -47,9 +48,10 @@ def default_verifier_path() -> Path:
     target = state_dir() / "models" / DEFAULT_VERIFIER
     if (target / "config.json").is_file():
         return target
+    folder, name = _gguf_source()
+    require("hf", f"converting the embedded default verifier from {name}", "transformers", "gguf")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder, name = _gguf_source()
     print(f"[specdiff] converting {name} to safetensors under {target} (once, ~20 s)", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -96,6 +98,7 @@ def load_causal_lm(source: str, dtype: str | torch.dtype = "auto", *, backend: s
             raise ValueError(f"backend 'specdiff' needs a local Llama-family folder with safetensors weights and a "
                              f"tokenizer.json (specdiff.llama.unsupported_reason); {source!r} is not one: use "
                              f"backend 'transformers'")
+    require("hf", f"loading {source!r} with transformers", "transformers")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype)).eval()

@@ -37,12 +37,18 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlflow
 import pydantic
 import yaml
-from mlflow.entities.model_registry import ModelVersion
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
+
+from .extras import missing_extra
+
+try:
+    import mlflow
+    from mlflow.entities.model_registry import ModelVersion
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+except ModuleNotFoundError as err:
+    raise missing_extra("registry", "specdiff.registry (the MLflow registry)", err) from err
 
 from .models import state_dir
 from .publish import publishing

@@ -40,6 +40,9 @@ class MLflowTracker:
 
     def __init__(self, tracking_uri: str, experiment: str, run_name: str, *, run_id: str | None = None,
                  artifact_location: str | None = None):
+        from ..extras import require
+
+        require("registry", "tracking.backend=mlflow", "mlflow")
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=tracking_uri)

@@ -23,10 +23,15 @@ import threading
 import time
 from typing import Any, Dict, Optional, Union
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from ray import serve
-from ray.serve.config import RequestRouterConfig
+from ..extras import missing_extra
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+except ModuleNotFoundError as err:
+    raise missing_extra("serve", "the Serve app (specdiff.serving.app)", err) from err
 
 from .config import AppConfig, DrafterOptions, ModelSource, RouterOptions, VerifierOptions
 from .metrics import ServeMetrics
