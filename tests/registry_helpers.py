@@ -14,6 +14,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
 TINY = REPO / "jobs" / "configs" / "tiny.yaml"
+FAST = ["train.steps=5", "train.checkpoint_every=5", "train.log_every=5", "eval.every=5", "eval.offsets=[0]",
+        "teacher.batch_size=8", "train.num_workers=1"]  # a CI-sized distillation job: the pipeline, not the learning
 
 
 def make_assets(out: Path, *, sharpness: float = 0.6, train_prompts: int = 200) -> Path:
@@ -45,17 +47,25 @@ def spec_for(assets: Path):
 
 class RayHead:
     """`ray start --head --block` on dedicated ports and temp dir, in its own process group; `stop()` ends exactly
-    that head (never `ray stop`, which would end every Ray instance of the user on this machine)."""
+    that head (never `ray stop`, which would end every Ray instance of the user on this machine). ``slot`` shifts
+    every port (two heads side by side); ``env`` replaces the default environment (``ENV``: no token auth);
+    ``token`` is sent by this helper's own clients (a head with token auth on)."""
 
-    def __init__(self, dashboard_port: int = 8297, gcs_port: int = 6397, num_cpus: int = 4):
+    def __init__(self, dashboard_port: int = 8297, gcs_port: int = 6397, num_cpus: int = 4, *, slot: int = 0,
+                 env: dict | None = None, token: str | None = None):
+        dashboard_port, gcs_port = dashboard_port + slot, gcs_port + slot
         self.address = f"http://127.0.0.1:{dashboard_port}"
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.temp_dir = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths have a length limit
         ray = str(Path(sys.executable).with_name("ray"))
+        workers = 20300 + 100 * slot
         cmd = [ray, "start", "--head", "--block", f"--port={gcs_port}", f"--dashboard-port={dashboard_port}",
                "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--num-cpus={num_cpus}",
-               f"--temp-dir={self.temp_dir}", "--ray-client-server-port=10097", "--dashboard-agent-listen-port=52397",
-               "--min-worker-port=20300", "--max-worker-port=20399", "--disable-usage-stats"]
-        env = {**os.environ, **ENV, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+               f"--temp-dir={self.temp_dir}", f"--ray-client-server-port={10097 + slot}",
+               f"--dashboard-agent-listen-port={52397 + slot}", f"--min-worker-port={workers}",
+               f"--max-worker-port={workers + 99}", "--disable-usage-stats"]
+        env = env if env is not None else {**os.environ, **ENV}
+        env = {**env, "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', os.environ['PATH'])}"}
         self.log = open(Path(self.temp_dir) / "head.log", "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -67,7 +77,7 @@ class RayHead:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ray head exited: {Path(self.log.name).read_text()[-3000:]}")
             try:
-                JobSubmissionClient(self.address).list_jobs()
+                JobSubmissionClient(self.address, headers=self.headers).list_jobs()
                 return
             except Exception:
                 if time.monotonic() > deadline:
@@ -77,7 +87,7 @@ class RayHead:
     def jobs(self) -> list:
         from ray.job_submission import JobSubmissionClient
 
-        return JobSubmissionClient(self.address).list_jobs()
+        return JobSubmissionClient(self.address, headers=self.headers).list_jobs()
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)  # the blocking `ray start` shuts down the processes it started

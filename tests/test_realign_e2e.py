@@ -13,11 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import yaml
 
-from registry_helpers import ENV, REPO, TINY, RayHead, make_assets, save_for, spec_for
+from registry_helpers import ENV, FAST, REPO, TINY, RayHead, make_assets, save_for, spec_for
 
 pytestmark = pytest.mark.slow
-FAST = ["train.steps=5", "train.checkpoint_every=5", "train.log_every=5", "eval.every=5", "eval.offsets=[0]",
-        "teacher.batch_size=8", "train.num_workers=1"]  # a CI-sized job: the pipeline, not the learning
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,9 @@ import yaml
 from .distill.config import load_config
 from .distill.evaluate import HeldoutSpec
 from .distill.job import absolutize
+from .extras import require
 from .models import state_dir
+from .ray_auth import auth_headers, refused_message
 from .registry import VERIFIER_PREFIX, Registry, claim_name, config_digests, model_uri
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -52,9 +54,14 @@ class RayJobs:
     """``Jobs`` over Ray's Job Submission SDK (the dashboard address, e.g. http://127.0.0.1:8265)."""
 
     def __init__(self, address: str):
+        require("train", "re-alignment's Ray job client", "ray", "aiohttp")
+        from ray.exceptions import AuthenticationError
         from ray.job_submission import JobSubmissionClient
 
-        self.client = JobSubmissionClient(address)
+        try:  # the token Ray would read, sent whatever this process's RAY_AUTH_MODE (Ray sends it only for "token")
+            self.client = JobSubmissionClient(address, headers=auth_headers())
+        except AuthenticationError as err:
+            raise ConnectionError(refused_message(address, err)) from err
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: dict | None) -> None:
         try:

@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..dtypes import dtype_name, resolve_dtype_with_reason
+from ..extras import require
 from ..feature_drafter import FEATURE_DRAFTER_META, default_tap_layers
 from ..memory import KEEP_FREED_ENV
 from ..models import resolve_model_path
 from ..publish import publishing
+from ..ray_auth import use_private_token
 from .config import DistillConfig, parse_config
 from .datasets import prepare_data
 from .feature import draft_vocabulary
@@ -79,6 +81,7 @@ def init_ray(cfg: DistillConfig) -> None:
         # "local": a new Ray for this job. A bare ray.init() would join whatever `ray start` cluster this machine
         # last started, which may be someone else's.
         runtime_env["worker_process_setup_hook"] = _train_cleaner_quiet_hook()
+        use_private_token()  # token auth on, but no ~/.ray/auth_token left for a later `ray start` (ray_auth)
         ray.init(address="local", num_cpus=cfg.ray.num_cpus, runtime_env=runtime_env, include_dashboard=False)
     else:
         ray.init(address=cfg.ray.address, runtime_env=runtime_env)
@@ -106,6 +109,7 @@ def _train_cleaner_quiet_hook():
 
 
 def run(cfg: DistillConfig) -> DistillSummary:
+    require("train", "the distillation job (specdiff.distill.run)", "ray", "pyarrow", "peft")
     import ray.data
     import ray.train
     from ray.train.torch import TorchTrainer
