@@ -62,16 +62,17 @@ def test_a_summary_left_by_an_earlier_attempt_does_not_count(fake_jobs):
 
 
 def test_distill_job_writes_the_summary_file(tmp_path, monkeypatch, capsys):
-    done = SimpleNamespace(step=3, finished=True, output_dir="/x/drafter",
+    counts = {"prompts": {"rows": 4, "kept": 3, "dropped_empty": 1, "truncated": 2}}  # the prompt datasets' counts
+    done = SimpleNamespace(step=3, finished=True, output_dir="/x/drafter", data=counts,
                            metrics={"eval/expected_streak": 0.5, "eval/initial_expected_streak": 0.1})
     monkeypatch.setattr(distill, "load_config", lambda path, overrides: object())
     monkeypatch.setattr(distill, "run", lambda cfg: done)
     path = tmp_path / "out" / "summary.json"
     assert distill.main(["--config", "unused.yaml", "--summary", str(path)]) == 0
-    assert json.loads(path.read_text()) == RECORD
+    assert json.loads(path.read_text()) == {**RECORD, "data": counts}
     assert [p.name for p in path.parent.iterdir()] == ["summary.json"]  # no partial copy left beside it
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert json.loads(last.removeprefix("[distill] ")) == RECORD  # the printed line stays for people
+    assert json.loads(last.removeprefix("[distill] ")) == {**RECORD, "data": counts}  # the line stays for people
 
 
 def test_the_stage_log_keeps_the_jobs_lines_and_drops_progress_bars_and_repeats():
