@@ -88,6 +88,15 @@ def function_prompts(source: str) -> list[str]:
     return out
 
 
+@lru_cache(maxsize=None)
+def _file_prompts(path: Path) -> tuple[str, ...]:
+    """``function_prompts`` of one file, parsed once a process (code-raw and code-chat read the same files)."""
+    try:
+        return tuple(function_prompts(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError):
+        return ()
+
+
 def code_prompts(split: str, n: int, seed: int = 0) -> list[str]:
     """``n`` function prefixes from the standard library files of ``split``, one per file in a seeded order, then
     a second round over the files, and so on (many files rather than many functions of one)."""
@@ -98,10 +107,7 @@ def code_prompts(split: str, n: int, seed: int = 0) -> list[str]:
     rng.shuffle(files)
     per_file: list[list[str]] = []
     for path in files:
-        try:
-            prompts = function_prompts(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError):
-            continue
+        prompts = list(_file_prompts(path))
         if prompts:
             rng.shuffle(prompts)
             per_file.append(prompts)
