@@ -92,7 +92,8 @@ def write_prompts(work: Path, scale: float = 1.0) -> tuple[Path, Path]:
     evaluation = [p for ps in eval_prompts(DISJOINT_SETS, per_set, lambda n: held_self).values() for p in ps]
     rows = {split: [{"domain": p.source, "prompt_ids": prompt_ids(tokenizer, p)} for p in prompts]
             for split, prompts in (("train", train), ("eval", evaluation))}
-    rows = {split: [r for r in rs if r["prompt_ids"]] for split, rs in rows.items()}
+    # The job drops and counts empty training prompts itself; the held-out ones are sampled here, so they must not be.
+    rows["eval"] = [r for r in rows["eval"] if r["prompt_ids"]]
     recipe = default_recipe()
     new_tokens = 12 if quick() else recipe["teacher"]["max_new_tokens"]
     prompts = [r["prompt_ids"][-recipe["data"]["max_prompt_tokens"]:] for r in rows["eval"]]
