@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from specdiff import DecodeOptions, DecodeStats, HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain, load_drafter
-from specdiff.dtypes import dtype_name, resolve_dtype_with_reason
-from specdiff.models import BACKENDS, DEFAULT_VERIFIER, load_causal_lm, parse_dtype, state_dir
+from specdiff.models.dtypes import dtype_name, resolve_dtype_with_reason
+from specdiff.models.sources import BACKENDS, DEFAULT_VERIFIER, load_causal_lm, parse_dtype, state_dir
 from specdiff.prompts import DISJOINT_SETS, IN_DISTRIBUTION_SETS, SOURCES, eval_prompts, prompt_ids
 
 
@@ -190,7 +190,7 @@ class Runner:
         """The held-out self-written requests (chat-self): the packaged ones of an embedded verifier, else sampled
         once on this machine and dtype and kept in the state folder."""
         from specdiff.distill.selfwritten import cached_heldout, packaged
-        from specdiff.hf import HFModel
+        from specdiff.models.hf import HFModel
 
         shipped = packaged(Path(self.args.verifier).name)
         if shipped is not None:  # the embedded verifier's, shipped with the package: the same on every machine

@@ -38,11 +38,11 @@ def main(argv=None) -> None:
     import pyarrow as pa
     import torch
 
-    from specdiff.config import SamplingParams
+    from specdiff.core.config import SamplingParams
     from specdiff.distill.teacher import TeacherSampler, verifier_record
     from specdiff.distill.teacher_vllm import VLLMTeacherSampler
-    from specdiff.dtypes import resolve_dtype_with_reason
-    from specdiff.models import default_verifier_path, load_causal_lm
+    from specdiff.models.dtypes import resolve_dtype_with_reason
+    from specdiff.models.sources import default_verifier_path, load_causal_lm
     from specdiff.prompts import chat_prompt_ids, load_prompts
 
     path = default_verifier_path()

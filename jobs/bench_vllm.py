@@ -8,8 +8,8 @@ chat template, T=0, same max tokens) back to back, so a noisy stretch of the mac
 
 - ``vllm_plain``: the verifier alone in vLLM;
 - ``vllm_ngram``: vLLM's prompt-lookup speculation (``--gamma`` tokens, n-gram sizes ``--ngram``);
-- ``vllm_ours``: vLLM's ``dflash`` method with our drafter (``--drafter``, exported with ``specdiff.export_vllm``)
-  and our plugin's copied candidate where the context has one (``specdiff.vllm_plugin``);
+- ``vllm_ours``: vLLM's ``dflash`` method with our drafter (``--drafter``, exported with ``specdiff.vllm.export``)
+  and our plugin's copied candidate where the context has one (``specdiff.vllm.plugin``);
 - ``vllm_ours_nolookup`` (with ``--lookup-ablation``): our drafter alone, as vLLM's dflash method runs it;
 - ``vllm_ours_nocut`` (with ``--cut-ablation``): copies and drafter, every drafter window verified whole;
 - ``vllm_ours_capped`` (with ``--speculation-max-batch N``): the same, drafting nothing while vLLM's batch holds more
@@ -55,7 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cut-ablation", action="store_true",
                    help="also vllm_ours_nocut: the plugin without its confidence cut of the drafter's windows")
     p.add_argument("--min-draft-confidence", type=float, default=None, metavar="C",
-                   help="the plugin's confidence cut for vllm_ours (default: specdiff.export_vllm's; 0: off)")
+                   help="the plugin's confidence cut for vllm_ours (default: specdiff.vllm.export's; 0: off)")
     p.add_argument("--ngram", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"),
                    help="n-gram sizes of vLLM's prompt lookup")
     p.add_argument("--concurrency", type=int, nargs="+", default=[16],
@@ -100,10 +100,10 @@ def main(argv=None) -> int:
     from vllm.inputs import TokensPrompt
 
     from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder, generate_plain, load_drafter
-    from specdiff.export_vllm import DEFAULT_MIN_DRAFT_CONFIDENCE, export_vllm
-    from specdiff.models import default_verifier_path, load_causal_lm, state_dir
+    from specdiff.vllm.export import DEFAULT_MIN_DRAFT_CONFIDENCE, export_vllm
+    from specdiff.models.sources import default_verifier_path, load_causal_lm, state_dir
     from specdiff.distill.selfwritten import packaged
-    from specdiff.models import DEFAULT_VERIFIER
+    from specdiff.models.sources import DEFAULT_VERIFIER
     from specdiff.prompts import eval_prompts, prompt_ids
 
     drafter_dir = Path(args.drafter) if args.drafter else state_dir() / "drafters" / "default"

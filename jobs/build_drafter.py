@@ -35,8 +35,8 @@ from pathlib import Path
 
 import yaml
 
-from specdiff.models import DEFAULT_VERIFIER, state_dir
-from specdiff.publish import publishing
+from specdiff.models.sources import DEFAULT_VERIFIER, state_dir
+from specdiff.lineage.publish import publishing
 
 JOBS = Path(__file__).resolve().parent
 CONFIGS = JOBS / "configs"
@@ -78,8 +78,8 @@ def write_prompts(work: Path, scale: float = 1.0) -> tuple[Path, Path]:
     from specdiff import SamplingParams
     from specdiff.distill.selfwritten import packaged
     from specdiff.distill.teacher import sample_completions
-    from specdiff.hf import HFModel
-    from specdiff.models import load_causal_lm
+    from specdiff.models.hf import HFModel
+    from specdiff.models.sources import load_causal_lm
     from specdiff.prompts import DISJOINT_SETS, SELF_WRITTEN, TRAINING_MIX, eval_prompts, prompt_ids, training_mix
 
     model, tokenizer = load_causal_lm(DEFAULT_VERIFIER, "auto")  # the dtype policy: float32 on a CPU without bf16
@@ -237,7 +237,7 @@ def default_recipe() -> dict:
 def untrained_drafter(verifier):
     """An untrained feature drafter of the default recipe's shape on ``verifier``: what a user has before any
     alignment (`jobs/generate.py --untrained`, the bench's `untrained` row)."""
-    from specdiff.feature_drafter import build_feature_drafter
+    from specdiff.models.feature_drafter import build_feature_drafter
 
     return build_feature_drafter(verifier, num_layers=default_recipe()["drafter"]["num_layers"])
 
@@ -354,7 +354,7 @@ def build_ar_drafter(work: Path, target: Path) -> Path:
     from tqdm import tqdm
 
     from specdiff.distill.ar import ar_drafter_from_verifier, train_ar_drafter
-    from specdiff.models import load_causal_lm
+    from specdiff.models.sources import load_causal_lm
 
     mdm, streak = (yaml.safe_load((CONFIGS / f).read_text()) for f in ("smollm2-mdm.yaml", "smollm2-streak.yaml"))
     layers = mdm["drafter"]["layers"]
@@ -388,7 +388,7 @@ def register_default(target: Path) -> str:
     from specdiff.distill import load_config
     from specdiff.distill.evaluate import HeldoutSpec
     from specdiff.distill.teacher import verifier_record
-    from specdiff.models import resolve_model_path
+    from specdiff.models.sources import resolve_model_path
     from specdiff.registry import DRAFTER_PREFIX, VERIFIER_PREFIX, Registry, config_digests, model_uri
 
     reg = Registry()

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from specdiff.drafter import load_drafter
-from specdiff.models import state_dir
+from specdiff.models.drafter import load_drafter
+from specdiff.models.sources import state_dir
 
 
 def diffusion_agreement(drafter, rows: list[dict], gamma: int, stride: int) -> list[float]:

@@ -42,8 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from specdiff.export_vllm import DEFAULT_MIN_DRAFT_CONFIDENCE, export_vllm
-    from specdiff.models import DEFAULT_VERIFIER, resolve_model_path
+    from specdiff.vllm.export import DEFAULT_MIN_DRAFT_CONFIDENCE, export_vllm
+    from specdiff.models.sources import DEFAULT_VERIFIER, resolve_model_path
 
     try:
         verifier_dir = resolve_model_path(args.verifier or DEFAULT_VERIFIER)

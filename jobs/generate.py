@@ -31,9 +31,9 @@ from specdiff import (  # noqa: E402
     generate_plain,
     load_drafter,
 )
-from specdiff.dtypes import dtype_name, resolve_dtype_with_reason  # noqa: E402
-from specdiff.models import BACKENDS, DEFAULT_VERIFIER, load_causal_lm, state_dir  # noqa: E402
-from specdiff.text import TextStreamer  # noqa: E402
+from specdiff.models.dtypes import dtype_name, resolve_dtype_with_reason  # noqa: E402
+from specdiff.models.sources import BACKENDS, DEFAULT_VERIFIER, load_causal_lm, state_dir  # noqa: E402
+from specdiff.core.text import TextStreamer  # noqa: E402
 
 from build_drafter import build_default, untrained_drafter  # noqa: E402 (jobs/ is on sys.path when this script runs)
 

@@ -19,7 +19,7 @@ import time
 import torch
 
 from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder, drafter_from_verifier, generate_plain
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm, parse_dtype
+from specdiff.models.sources import DEFAULT_VERIFIER, load_causal_lm, parse_dtype
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",

@@ -1,8 +1,8 @@
 """Tune the adaptive speculation policy offline: record real rounds once, replay policies over them in seconds.
 
 ``record`` decodes each held-out prompt greedily and runs, at every position of its output, one real round of the
-largest window (the drafter's argmax window plus the copied candidate, T=0; see ``specdiff.replay``), then measures
-this machine's cost model (``specdiff.policy.calibrate``); ~6 min for 12 prompts per domain with the default
+largest window (the drafter's argmax window plus the copied candidate, T=0; see ``specdiff.core.replay``), then measures
+this machine's cost model (``specdiff.core.policy.calibrate``); ~6 min for 12 prompts per domain with the default
 drafter on a 2-core Xeon. ``replay`` walks every decode under fixed windows, the default policy and the variants
 given, and prints the speed-up over plain decoding per domain under that cost model. A variant that wins here is
 then checked with ``jobs/bench.py`` (real decoding, ratios measured side by side).
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from specdiff.config import SpecConfig
-from specdiff.policy import SpeculationCosts, SpeculationPolicy
+from specdiff.core.config import SpecConfig
+from specdiff.core.policy import SpeculationCosts, SpeculationPolicy
 
 DOMAINS = ("code", "math", "chat")
 
@@ -77,11 +77,11 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 def record_main(args) -> int:
     from specdiff import HFVerifier, SpeculativeDecoder, load_drafter
-    from specdiff.dtypes import resolve_dtype_with_reason
-    from specdiff.models import DEFAULT_VERIFIER, load_causal_lm, state_dir
-    from specdiff.policy import calibrate
+    from specdiff.models.dtypes import resolve_dtype_with_reason
+    from specdiff.models.sources import DEFAULT_VERIFIER, load_causal_lm, state_dir
+    from specdiff.core.policy import calibrate
     from specdiff.prompts import chat_prompt_ids, load_prompts
-    from specdiff.replay import record
+    from specdiff.core.replay import record
 
     dtype, reason = resolve_dtype_with_reason(args.dtype)
     model, tokenizer = load_causal_lm(args.verifier or DEFAULT_VERIFIER, dtype, backend="auto")
@@ -120,7 +120,7 @@ def record_main(args) -> int:
 
 
 def replay_main(args) -> int:
-    from specdiff.replay import RoundRecord, speedup
+    from specdiff.core.replay import RoundRecord, speedup
 
     data = json.loads(Path(args.records).read_text())
     costs = SpeculationCosts.from_dict(json.loads(Path(args.costs).read_text()) if args.costs else data["costs"])

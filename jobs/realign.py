@@ -52,7 +52,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from specdiff.realign import RayJobs, RealignSettings, Realigner
+    from specdiff.lifecycle.realign import RayJobs, RealignSettings, Realigner
     from specdiff.registry import Registry
 
     settings = RealignSettings(

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from specdiff.distill import load_config
     from specdiff.distill.evaluate import HeldoutSpec
-    from specdiff.models import resolve_model_path
+    from specdiff.models.sources import resolve_model_path
     from specdiff.registry import DRAFTER_PREFIX, VERIFIER_PREFIX, Registry, config_digests
 
     try:
@@ -85,7 +85,7 @@ def show(reg, family: str) -> None:
     for v in reg.versions(VERIFIER_PREFIX + family):
         t = v.tags
         print(f"{v.name}/{v.version} digest {t.get('specdiff.digest', '?')[:19]} source {t.get('specdiff.source')} "
-              f"realign {t.get('specdiff.realign.status', '-')}")
+              f"realign {t.get('specdiff.lifecycle.realign.status', '-')}")
     try:
         drafters = reg.versions(DRAFTER_PREFIX + family)
     except ValueError:
@@ -93,7 +93,7 @@ def show(reg, family: str) -> None:
     for d in drafters:
         t = d.tags
         mark = f" [{PRODUCTION}]" if production is not None and str(production.version) == str(d.version) else ""
-        print(f"{d.name}/{d.version}{mark} -> verifier v{t.get('specdiff.verifier.version')} "
+        print(f"{d.name}/{d.version}{mark} -> verifier v{t.get('specdiff.models.verifier.version')} "
               f"tau {t.get('specdiff.eval.tau')} {t.get('specdiff.promotion', '')}")
 
 

@@ -13,9 +13,9 @@ import torch
 
 from helpers import FixedDrafter, tiny_llama
 from specdiff import HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, build_tree, greedy_accept
-from specdiff.feature_drafter import build_feature_drafter
-from specdiff.sampling import target_probs
-from specdiff.selection import sample_candidates
+from specdiff.models.feature_drafter import build_feature_drafter
+from specdiff.core.sampling import target_probs
+from specdiff.core.selection import sample_candidates
 
 V = 8
 PROMPT = [1, 2, 3]

@@ -206,8 +206,8 @@ def fitted_feature_drafter(verifier_model, prompts=FEATURE_PROMPTS, *, gamma: in
     the committed-row plumbing is really exercised (a random drafter is rejected at position 1 every round)."""
     import torch.nn.functional as F
 
-    from specdiff.feature_drafter import AnchorBatch, anchor_logits, build_feature_drafter
-    from specdiff.verifier import HFVerifier
+    from specdiff.models.feature_drafter import AnchorBatch, anchor_logits, build_feature_drafter
+    from specdiff.models.verifier import HFVerifier
 
     tok = byte_tokenizer()
     drafter = build_feature_drafter(verifier_model, num_layers=1, target_layer_ids=list(taps), seed=seed,

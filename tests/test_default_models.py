@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder, drafter_from_verifier
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm
+from specdiff.models.sources import DEFAULT_VERIFIER, load_causal_lm
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -84,8 +84,8 @@ def test_main_job_builds_the_default_drafter_once_then_runs_offline(specdiff_hom
     drafter = reg.production("smollm2")
     assert drafter is not None and str(drafter.version) == "1" and drafter.tags["specdiff.build"].startswith("sha256:")
     recorded = json.loads((built / "specdiff_feature_drafter.json").read_text())["verifier"]["digest"]
-    assert json.loads(drafter.tags["specdiff.drafter.tap_layers"]) == [1, 14, 27]
-    assert drafter.tags["specdiff.verifier.digest"] == recorded and float(drafter.tags["specdiff.eval.tau"]) >= 1.0
+    assert json.loads(drafter.tags["specdiff.models.drafter.tap_layers"]) == [1, 14, 27]
+    assert drafter.tags["specdiff.models.verifier.digest"] == recorded and float(drafter.tags["specdiff.eval.tau"]) >= 1.0
 
 
 def test_bench_quick_writes_table_json_and_plot(smollm, specdiff_home, tmp_path):

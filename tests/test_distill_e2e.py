@@ -157,7 +157,7 @@ def test_stopped_run_resumes_from_its_step_and_survives_a_killed_worker(assets, 
 
 
 def test_time_budget_ends_the_run_early_and_finished(assets, trajectories, tmp_path):
-    from specdiff.drafter import drafter_meta
+    from specdiff.models.drafter import drafter_meta
 
     # 100000 steps would take hours; a 60 s budget (from the job's start, Ray and data set-up included) trains what
     # fits (at least 6 steps: the plan is first made at step 5), then ends like a full run: final evaluation,

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from specdiff.objectives import (
+from specdiff.core.objectives import (
     ar_distill_loss,
     expected_streak_from_logprobs,
     label_logprobs,
@@ -17,7 +17,7 @@ from specdiff.objectives import (
     naive_window_loss,
     streak_loss,
 )
-from specdiff.selection import expected_streak
+from specdiff.core.selection import expected_streak
 
 
 def random_verifier(vocab: int, gamma: int, gen: torch.Generator):
@@ -152,8 +152,8 @@ def test_masked_diffusion_mask_and_unbiased_weighting():
 def test_head_label_logprobs_equals_the_plain_head_and_log_softmax(monkeypatch, temperature):
     # Training's chunked head against logits -> label_logprobs, values and gradients in float64; chunks of 3 rows
     # over 10 rows (a short last chunk); a label of -1 is unreachable (constant, no gradient).
-    import specdiff.objectives as objectives
-    from specdiff.objectives import UNREACHABLE_LOGP, head_label_logprobs
+    import specdiff.core.objectives as objectives
+    from specdiff.core.objectives import UNREACHABLE_LOGP, head_label_logprobs
 
     monkeypatch.setattr(objectives, "HEAD_CHUNK_BYTES", 3 * 4 * 11)  # 3 rows of an 11-token head
     gen = torch.Generator().manual_seed(0)

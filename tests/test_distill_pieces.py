@@ -23,7 +23,7 @@ from specdiff.distill.train import (
     window_loss,
 )
 from specdiff.distill.windows import cut_windows, heldout_prefixes
-from specdiff.hf import HFModel
+from specdiff.models.hf import HFModel
 
 V = 64
 PROMPTS = [[1, 2, 3], [7], list(range(10, 22))]
@@ -189,7 +189,7 @@ def test_verifier_record_digest_changes_with_weights(tmp_path):
 
 def test_prefix_ar_loss_is_the_causal_next_token_loss(verifier_model):
     from specdiff.distill.train import prefix_ar_loss
-    from specdiff.drafter import window_inputs, window_outputs
+    from specdiff.models.drafter import window_inputs, window_outputs
 
     drafter = drafter_from_verifier(verifier_model, num_layers=2, causal_prefix=True)
     prefixes = [list(range(3, 15)), [5, 6, 7]]  # the second is shorter than M + 1: its left padding is excluded

@@ -7,7 +7,7 @@ import torch
 
 from helpers import tiny_llama
 from specdiff import DrafterConfig, HFDiffusionDrafter, build_small_drafter, drafter_from_verifier, load_drafter, save_drafter
-from specdiff.drafter import window_inputs
+from specdiff.models.drafter import window_inputs
 
 V = 64
 

@@ -1,4 +1,4 @@
-"""The one dtype policy (specdiff.dtypes): "auto" follows the CPU it finds, SPECDIFF_DTYPE forces each path, an
+"""The one dtype policy (specdiff.models.dtypes): "auto" follows the CPU it finds, SPECDIFF_DTYPE forces each path, an
 explicit name wins, bad names are errors that name the value; the loaders of the jobs, distillation and serving
 all resolve "auto" through it."""
 
@@ -12,8 +12,8 @@ import torch
 
 from helpers import tiny_llama
 from specdiff import HFVerifier, SamplingParams, generate_plain
-from specdiff import dtypes
-from specdiff.dtypes import resolve_dtype, resolve_dtype_with_reason
+from specdiff.models import dtypes
+from specdiff.models.dtypes import resolve_dtype, resolve_dtype_with_reason
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def tiny_folder(tmp_path_factory):
 @pytest.mark.parametrize("forced", ["float32", "bfloat16"])
 def test_env_forces_each_path_and_a_decode_runs_in_it(forced, monkeypatch, tiny_folder):
     from specdiff.distill.teacher import load_verifier_model
-    from specdiff.models import load_causal_lm
+    from specdiff.models.sources import load_causal_lm
     from specdiff.serving.config import ModelSource
     from specdiff.serving.models import load_verifier
 
@@ -119,7 +119,7 @@ def test_bad_env_value_names_the_variable(monkeypatch):
 
 
 def test_models_parse_dtype_is_the_same_helper():
-    from specdiff.models import DTYPES, parse_dtype
+    from specdiff.models.sources import DTYPES, parse_dtype
 
     assert parse_dtype is resolve_dtype and DTYPES is dtypes.DTYPES
     assert parse_dtype("float32") == torch.float32 and parse_dtype("bfloat16") == torch.bfloat16

@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from helpers import tiny_llama
 
-from specdiff.export_vllm import DEFAULT_MIN_DRAFT_CONFIDENCE, EXPORT_META, MASK_EMBEDDING_FILE, export_vllm
-from specdiff.feature_drafter import build_feature_drafter, save_feature_drafter
+from specdiff.vllm.export import DEFAULT_MIN_DRAFT_CONFIDENCE, EXPORT_META, MASK_EMBEDDING_FILE, export_vllm
+from specdiff.models.feature_drafter import build_feature_drafter, save_feature_drafter
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,9 +94,9 @@ def test_full_vocab_export_leaves_the_head_to_the_verifier(pair, tmp_path):
 
 
 def test_prompt_lookup_is_written_for_the_plugin_or_left_out(pair, tmp_path):
-    """dflash_config.specdiff_prompt_lookup switches specdiff.vllm_plugin on inside vLLM; None leaves vLLM's dflash
+    """dflash_config.specdiff_prompt_lookup switches specdiff.vllm.plugin on inside vLLM; None leaves vLLM's dflash
     as it is; the plugin reads back what the export wrote, and bad settings are named."""
-    from specdiff.vllm_plugin import lookup_settings
+    from specdiff.vllm.plugin import lookup_settings
 
     _, _, root = pair
     for lookup in ((1, 3), None):
@@ -115,7 +115,7 @@ def test_prompt_lookup_is_written_for_the_plugin_or_left_out(pair, tmp_path):
 
 
 def test_confidence_cut_is_written_for_the_plugin_or_left_out(pair, tmp_path):
-    from specdiff.vllm_plugin import confidence_setting
+    from specdiff.vllm.plugin import confidence_setting
 
     _, _, root = pair
     for cut in (0.25, None):
@@ -190,7 +190,7 @@ def test_cli_writes_the_export_and_exits_2_on_bad_input(pair, tmp_path):
 
 
 def test_export_module_imports_no_vllm():
-    code = "import sys, specdiff.export_vllm; assert 'vllm' not in sys.modules and 'transformers' not in sys.modules"
+    code = "import sys, specdiff.vllm.export; assert 'vllm' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

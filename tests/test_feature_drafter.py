@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from helpers import OracleDrafter, tiny_llama
 from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder, generate_plain, load_drafter
 from specdiff.distill.feature import draft_vocabulary
-from specdiff.feature_drafter import (
+from specdiff.models.feature_drafter import (
     AnchorBatch,
     FeatureDrafter,
     anchor_logits,
@@ -175,10 +175,10 @@ def test_draft_vocabulary_is_the_most_frequent_tokens():
 
 def test_heldout_evaluation_with_a_kv_cache_equals_full_passes():
     # evaluate_feature_drafter scores drafts on the prefix pass's KV cache; the reference re-reads every prefix.
-    from specdiff.config import SamplingParams
+    from specdiff.core.config import SamplingParams
     from specdiff.distill.evaluate import score_drafts
     from specdiff.distill.feature import evaluate_feature_drafter, prefix_features
-    from specdiff.hf import HFModel
+    from specdiff.models.hf import HFModel
 
     model = tiny_llama(64, init_std=0.3)
     d = build_feature_drafter(model)
@@ -196,7 +196,7 @@ def test_heldout_evaluation_with_a_kv_cache_equals_full_passes():
 
 
 def test_greedy_labels_follow_the_text_while_it_is_greedy():
-    from specdiff.feature_drafter import greedy_labels
+    from specdiff.models.feature_drafter import greedy_labels
 
     tokens = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
     greedy = torch.zeros_like(tokens)
@@ -211,11 +211,11 @@ def test_greedy_labels_follow_the_text_while_it_is_greedy():
 def test_prompt_anchors_are_labelled_by_the_teachers_prefill_argmax():
     # The teacher's prefill records the verifier's argmax over the prompt; windows anchored in the prompt are
     # labelled with greedy decoding's continuation from there, and completion windows keep the teacher's tokens.
-    from specdiff.config import SamplingParams
+    from specdiff.core.config import SamplingParams
     from specdiff.distill.feature import greedy_targets
     from specdiff.distill.teacher import sample_completions
-    from specdiff.feature_drafter import sample_anchors
-    from specdiff.hf import HFModel
+    from specdiff.models.feature_drafter import sample_anchors
+    from specdiff.models.hf import HFModel
 
     model = tiny_llama(64, init_std=0.3)
     prompts = [list(range(3, 20)), [7, 3, 2, 9, 9, 4]]
@@ -253,8 +253,8 @@ def test_training_loss_selects_windows_before_the_head_and_equals_the_per_window
     # short for any completion window, so some blocks are invalid.
     from specdiff.distill.config import ObjectiveSection
     from specdiff.distill.feature import collate, encode_features, feature_loss
-    from specdiff.feature_drafter import sample_anchors
-    from specdiff.objectives import ar_distill_first_position_loss, decayed_ce_loss, naive_window_loss, streak_loss
+    from specdiff.models.feature_drafter import sample_anchors
+    from specdiff.core.objectives import ar_distill_first_position_loss, decayed_ce_loss, naive_window_loss, streak_loss
 
     model = tiny_llama(64, init_std=0.3)
     d = build_feature_drafter(model, target_layer_ids=[0, 1], seed=2, draft_vocab_size=48)
@@ -289,12 +289,12 @@ def test_training_loss_selects_windows_before_the_head_and_equals_the_per_window
 def test_teacher_forced_heldout_evaluation_equals_scoring_by_the_verifier():
     # At T=0 with greedy drafts (K=1), reading acceptance off greedy held-out trajectories gives exactly what the
     # verifier-scored evaluation gives on the same windows.
-    from specdiff.config import SamplingParams
+    from specdiff.core.config import SamplingParams
     from specdiff.distill.config import ObjectiveSection
     from specdiff.distill.feature import encode_features, evaluate_feature_drafter, feature_loss, teacher_forced_eval
     from specdiff.distill.teacher import sample_completions
     from specdiff.distill.windows import heldout_prefixes
-    from specdiff.hf import HFModel
+    from specdiff.models.hf import HFModel
 
     model = tiny_llama(64, init_std=0.3)
     prompts = [list(range(1, n)) for n in (5, 9, 20)] + [[7, 3, 2]]

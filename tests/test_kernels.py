@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdiff import kernels
-from specdiff.kernels import ROWS, SmallRowsLinear, transposed_linear, tune_small_rows
+from specdiff.models import kernels
+from specdiff.models.kernels import ROWS, SmallRowsLinear, transposed_linear, tune_small_rows
 
 
 def small_model(seed: int = 0) -> torch.nn.Module:
@@ -119,7 +119,7 @@ def test_real_measurement_on_a_small_model():
 
 def test_a_tuned_feature_drafter_proposes_the_same_marginals(monkeypatch, verifier_model):
     from specdiff import HFVerifier
-    from specdiff.feature_drafter import build_feature_drafter
+    from specdiff.models.feature_drafter import build_feature_drafter
 
     measure, calls = fake_timings(set(ROWS))
     monkeypatch.setattr(kernels, "measure_small_rows", measure)

@@ -13,40 +13,40 @@ import pytest
 
 PLATFORM = Path(__file__).resolve().parents[1] / "platform"
 FRAMEWORKS = ["ray", "mlflow", "fastapi", "vllm", "transformers"]
-ABOVE_CORE = ["specdiff.distill", "specdiff.serving", "specdiff.registry", "specdiff.realign"]
+ABOVE_CORE = ["specdiff.distill", "specdiff.serving", "specdiff.registry", "specdiff.lifecycle.realign"]
 
 LADDER = {
     # core: pure torch (transformers only when a model is loaded, lazily)
     "specdiff": FRAMEWORKS + ABOVE_CORE,
-    "specdiff.engine": FRAMEWORKS + ABOVE_CORE,
-    "specdiff.policy": FRAMEWORKS + ABOVE_CORE,
-    "specdiff.feature_drafter": FRAMEWORKS + ABOVE_CORE,
-    "specdiff.export_vllm": FRAMEWORKS + ABOVE_CORE,
-    "specdiff.vllm_plugin": FRAMEWORKS + ABOVE_CORE,  # vLLM's entry point: imports vLLM only when vLLM calls it
-    "specdiff.llama": FRAMEWORKS + ABOVE_CORE,  # the lean verifier forward and tokenizer: never transformers
-    "specdiff.tokenizer": FRAMEWORKS + ABOVE_CORE,
-    "specdiff.text": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.core.engine": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.core.policy": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.models.feature_drafter": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.vllm.export": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.vllm.plugin": FRAMEWORKS + ABOVE_CORE,  # vLLM's entry point: imports vLLM only when vLLM calls it
+    "specdiff.models.llama": FRAMEWORKS + ABOVE_CORE,  # the lean verifier forward and tokenizer: never transformers
+    "specdiff.models.tokenizer": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.core.text": FRAMEWORKS + ABOVE_CORE,
     # the adapters' install checks and Ray token look-up: standard library only, importable from every rung
-    "specdiff.extras": FRAMEWORKS + ABOVE_CORE,
-    "specdiff.ray_auth": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.runtime.extras": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.runtime.ray_auth": FRAMEWORKS + ABOVE_CORE,
     # prompt sources: plain Python over files every machine has (the self-written ones live in specdiff.distill)
     "specdiff.prompts": FRAMEWORKS + ABOVE_CORE,
-    "specdiff.corpus": FRAMEWORKS + ABOVE_CORE,
-    "specdiff.word_problems": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.prompts.corpus": FRAMEWORKS + ABOVE_CORE,
+    "specdiff.prompts.word_problems": FRAMEWORKS + ABOVE_CORE,
     # adapters: each on its framework, none on another adapter or the lifecycle
-    "specdiff.registry": ["ray", "vllm", "specdiff.distill", "specdiff.serving", "specdiff.realign"],
+    "specdiff.registry": ["ray", "vllm", "specdiff.distill", "specdiff.serving", "specdiff.lifecycle.realign"],
     "specdiff.distill.teacher": ["ray", "mlflow", "fastapi", "vllm", "specdiff.serving", "specdiff.registry",
-                                 "specdiff.realign"],
+                                 "specdiff.lifecycle.realign"],
     "specdiff.distill.evaluate": ["ray", "mlflow", "fastapi", "vllm", "specdiff.serving", "specdiff.registry",
-                                  "specdiff.realign"],
+                                  "specdiff.lifecycle.realign"],
     "specdiff.serving.servers": ["ray", "mlflow", "vllm", "specdiff.distill", "specdiff.registry",
-                                 "specdiff.realign"],
+                                 "specdiff.lifecycle.realign"],
     "specdiff.serving.app": ["mlflow", "vllm", "ray.train", "ray.data", "specdiff.distill", "specdiff.registry",
-                             "specdiff.realign"],
+                             "specdiff.lifecycle.realign"],
     "specdiff.serving.vllm_app": ["ray", "mlflow", "vllm", "specdiff.distill", "specdiff.registry",
-                                  "specdiff.realign"],
+                                  "specdiff.lifecycle.realign"],
     # lifecycle: may use the training adapter and the registry, never the serving one
-    "specdiff.realign": ["ray.serve", "vllm", "specdiff.serving"],
+    "specdiff.lifecycle.realign": ["ray.serve", "vllm", "specdiff.serving"],
 }
 
 

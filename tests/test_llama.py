@@ -1,4 +1,4 @@
-"""The lean verifier backend (specdiff.llama + specdiff.tokenizer) computes what transformers computes: logits,
+"""The lean verifier backend (specdiff.models.llama + specdiff.models.tokenizer) computes what transformers computes: logits,
 cached steps, tree passes, tapped states and greedy decodes on the same weights; its tokenizer matches
 transformers' on the same folder; a folder it cannot compute exactly falls back (``auto``) or is refused
 (``specdiff``); and loading + decoding with it never imports transformers (the point: a cold start ~6 s shorter)."""
@@ -15,10 +15,10 @@ import torch
 
 from helpers import FixedDrafter, tiny_llama
 from specdiff import HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain
-from specdiff.llama import LlamaCausalLM, load_llama, unsupported_reason
-from specdiff.models import load_causal_lm
-from specdiff.tokenizer import FastTokenizer, load_tokenizer
-from specdiff.tree import build_tree
+from specdiff.models.llama import LlamaCausalLM, load_llama, unsupported_reason
+from specdiff.models.sources import load_causal_lm
+from specdiff.models.tokenizer import FastTokenizer, load_tokenizer
+from specdiff.core.tree import build_tree
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -182,7 +182,7 @@ def test_tokenizer_matches_transformers_on_the_byte_tokenizer(tmp_path):
 
 
 def test_tokenizer_matches_transformers_on_the_default_verifier(specdiff_home):
-    from specdiff.models import default_verifier_path
+    from specdiff.models.sources import default_verifier_path
 
     _compare_tokenizers(default_verifier_path())
 
@@ -194,7 +194,7 @@ def test_lean_load_and_decode_never_import_transformers(tmp_path):
     code = f"""
 import sys
 from specdiff import HFVerifier, generate_plain
-from specdiff.models import load_causal_lm
+from specdiff.models.sources import load_causal_lm
 model, tok = load_causal_lm({str(folder)!r}, "float32", backend="specdiff")
 prompt = tok.apply_chat_template([{{"role": "user", "content": "hi"}}], add_generation_prompt=True)
 out = generate_plain(HFVerifier(model, tune_kernels=False), prompt, max_new_tokens=4)

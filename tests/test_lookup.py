@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from specdiff.config import SpecConfig
-from specdiff.lookup import lookup_continuation
-from specdiff.rounds import Draft, with_lookup
+from specdiff.core.config import SpecConfig
+from specdiff.core.lookup import lookup_continuation
+from specdiff.core.rounds import Draft, with_lookup
 
 
 def test_longest_suffix_ngram_latest_occurrence():

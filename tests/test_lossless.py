@@ -20,7 +20,7 @@ import lossless_cases as cases
 from helpers import full_logprobs
 from lossless_cases import PROMPT, V
 from specdiff import SamplingParams, SpecConfig
-from specdiff.sampling import target_probs
+from specdiff.core.sampling import target_probs
 
 RUNS = 6000
 PASS_P = 1e-3  # seeds are fixed, so each case passes or fails deterministically

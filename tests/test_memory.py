@@ -11,7 +11,7 @@ import pytest
 # 64 MB (its heap size); training keeps its tensors that small (objectives.HEAD_CHUNK_BYTES).
 CODE = """
 import resource, sys, threading, torch
-from specdiff.memory import keep_freed_memory
+from specdiff.runtime.memory import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory() and keep_freed_memory()  # idempotent
 def faults():
@@ -33,7 +33,7 @@ thread.join()
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
 def test_large_blocks_are_reused_not_faulted_in_again():
-    from specdiff.memory import KEEP_FREED_ENV
+    from specdiff.runtime.memory import KEEP_FREED_ENV
 
     def late_faults(mode: str) -> int:
         env = {**os.environ, **(KEEP_FREED_ENV if mode == "env" else {})}

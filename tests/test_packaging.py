@@ -28,8 +28,8 @@ HOME: dict[str, tuple[str, ...]] = {
     "specdiff.serving": ("serve",),
     "specdiff.serving.vllm_app": ("serve", "vllm-cpu"),  # Ray Serve LLM runs vLLM
     "specdiff.registry": ("registry",),
-    "specdiff.realign": ("train", "registry"),
-    "specdiff.vllm_plugin": ("vllm-cpu",),  # loaded by vLLM, inside vLLM's virtualenv
+    "specdiff.lifecycle.realign": ("train", "registry"),
+    "specdiff.vllm.plugin": ("vllm-cpu",),  # loaded by vLLM, inside vLLM's virtualenv
     "jobs": ("all",),
     "jobs.bench_vllm": ("all", "vllm-cpu"),
     "serve_apps": ("all",),

@@ -10,8 +10,8 @@ import torch
 
 from helpers import OracleDrafter
 from specdiff import HFVerifier, SamplingParams, SpecConfig, SpeculativeDecoder, build_small_drafter, generate_plain
-from specdiff import rounds as R
-from specdiff.policy import PLAIN, SpeculationCosts, SpeculationPolicy, calibration_sizes
+from specdiff.core import rounds as R
+from specdiff.core.policy import PLAIN, SpeculationCosts, SpeculationPolicy, calibration_sizes
 
 # A CPU-like profile: a plain step 50 ms, each extra trie node 1 ms, a drafter call 10 ms.
 COSTS = SpeculationCosts.affine(draft_s=0.010, base_s=0.049, per_node_s=0.001)
@@ -188,8 +188,7 @@ def test_seeded_sampling_with_given_costs_is_reproducible(verifier_model):
 
 
 def test_cost_model_is_kept_per_machine_and_model_shape(verifier_model, monkeypatch, tmp_path):
-    from specdiff import policy
-
+    from specdiff.core import policy
     calls = []
     real = policy.calibrate
 
@@ -254,7 +253,7 @@ def test_calibration_times_the_argmax_window_and_the_draws_apart(verifier_model)
     # over a large vocabulary cost): the K=1 price must not include them.
     import time as _time
 
-    from specdiff.policy import calibrate
+    from specdiff.core.policy import calibrate
 
     class Served:
         vocab_size = 64

@@ -26,7 +26,7 @@ def test_jsonl_and_bad_names(tmp_path):
 def test_training_splits_hold_the_extra_prompts():
     import ast
 
-    from specdiff.prompt_data import CHAT_QUESTIONS, CODE_STUBS
+    from specdiff.prompts.extra import CHAT_QUESTIONS, CODE_STUBS
 
     code, chat = load_prompts("code", "train"), load_prompts("chat", "train")
     assert len(code) == 124 + len(CODE_STUBS) and len(chat) == 36 + len(CHAT_QUESTIONS)

@@ -18,8 +18,7 @@ import pytest
 
 from registry_helpers import FAST, REPO, TINY, RayHead, make_assets, save_for, spec_for
 
-from specdiff import ray_auth
-
+from specdiff.runtime import ray_auth
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 CLUSTER_VARS = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")  # a user who has not pointed this shell at a cluster
 
@@ -131,7 +130,7 @@ def auth_head(token_home):
 
 RAY_JOBS = """
 import sys
-from specdiff.realign import RayJobs
+from specdiff.lifecycle.realign import RayJobs
 try:
     print("jobs:", RayJobs({address!r}).client.list_jobs())
 except ConnectionError as err:
@@ -193,6 +192,6 @@ def test_readme_realign_runs_against_a_cluster_with_token_auth_on(token_home, au
     assert "[realign] claimed specdiff-verifier-tiny/2" in log and "realign-tiny-v2-a1: SUCCEEDED" in log, log[-4000:]
     assert "result: promoted" in log or "result: not-promoted" in log, log[-3000:]
     (drafter,) = reg.aligned("tiny", "2")
-    assert drafter.tags["specdiff.realign.job"] == "realign-tiny-v2-a1"
+    assert drafter.tags["specdiff.lifecycle.realign.job"] == "realign-tiny-v2-a1"
     assert [j.submission_id for j in auth_head.jobs()] == ["realign-tiny-v2-a1"]
     print(f"realign against the token-auth head: {time.monotonic() - began:.0f} s")

@@ -58,7 +58,7 @@ def realign(world, head, *extra, sets=()):
 
 
 def realigner(world):
-    from specdiff.realign import RealignSettings, Realigner
+    from specdiff.lifecycle.realign import RealignSettings, Realigner
 
     settings = RealignSettings("tiny", str(TINY), heldout=str(world["assets"] / "heldout.jsonl"),
                                overrides=(f"data.heldout={world['assets'] / 'heldout.jsonl'}",))
@@ -83,12 +83,12 @@ def test_two_racing_watchers_submit_one_job_and_the_new_drafter_carries_its_line
     reg, v2 = world["reg"], world["v2"]
     (drafter,) = reg.aligned("tiny", "2")
     t = drafter.tags
-    assert t["specdiff.verifier.model"] == "specdiff-verifier-tiny" and t["specdiff.verifier.version"] == "2"
-    assert t["specdiff.verifier.digest"] == v2.tags["specdiff.digest"] != world["d1"].tags["specdiff.verifier.digest"]
+    assert t["specdiff.models.verifier.model"] == "specdiff-verifier-tiny" and t["specdiff.models.verifier.version"] == "2"
+    assert t["specdiff.models.verifier.digest"] == v2.tags["specdiff.digest"] != world["d1"].tags["specdiff.models.verifier.digest"]
     job_config = yaml.safe_load((world["root"] / "work" / "tiny" / jobs[0] / "distill.yaml").read_text())
     assert (t["specdiff.training.config_digest"], t["specdiff.teacher.data_digest"]) == config_digests(job_config)
     assert job_config["drafter"]["init"] == "pretrained" and job_config["train"]["steps"] == 5
-    assert t["specdiff.warm_start"] == "models:/specdiff-drafter-tiny/1" and t["specdiff.realign.job"] == jobs[0]
+    assert t["specdiff.warm_start"] == "models:/specdiff-drafter-tiny/1" and t["specdiff.lifecycle.realign.job"] == jobs[0]
     assert len(json.loads(t["specdiff.eval.alpha"])) == 8
 
     new_tau, old_tau = float(t["specdiff.eval.tau"]), float(world["d1"].tags["specdiff.eval.tau"])
@@ -98,7 +98,7 @@ def test_two_racing_watchers_submit_one_job_and_the_new_drafter_carries_its_line
         assert str(reg.client.get_model_version_by_alias("specdiff-verifier-tiny", PRODUCTION).version) == "2"
     else:
         assert str(production.version) == "1" and t["specdiff.promotion"].startswith("not promoted")
-    assert reg.claim_state("tiny", "2")["specdiff.realign.status"] in ("promoted", "not-promoted")
+    assert reg.claim_state("tiny", "2")["specdiff.lifecycle.realign.status"] in ("promoted", "not-promoted")
 
     claim = reg.client.get_experiment_by_name(claim_name("tiny", "2"))  # the job's run and the evaluation run
     runs = reg.client.search_runs([claim.experiment_id])
@@ -118,10 +118,10 @@ def test_failing_job_is_retried_twice_then_reported_and_never_resubmitted(world,
     v3_jobs = sorted(j.submission_id for j in head.jobs() if j.submission_id.startswith("realign-tiny-v3"))
     assert v3_jobs == ["realign-tiny-v3-a1", "realign-tiny-v3-a2"]
     tags = reg.client.get_model_version("specdiff-verifier-tiny", str(v3.version)).tags
-    assert tags["specdiff.realign.status"] == "failed" and "2 attempts failed" in tags["specdiff.realign.error"]
+    assert tags["specdiff.lifecycle.realign.status"] == "failed" and "2 attempts failed" in tags["specdiff.lifecycle.realign.error"]
     assert "result: failed" in first.stdout
 
-    from specdiff.realign import Realigner
+    from specdiff.lifecycle.realign import Realigner
 
     logs = []  # a later watcher sees the failed claim and submits nothing
     assert Realigner(world["reg"], None, realigner(world).s, log=logs.append).run_once().status == "nothing-to-do"

@@ -38,8 +38,8 @@ def test_register_and_load_back_by_alias(reg, assets, tmp_path):
     folder = save_for(reg.local_dir(v1), tmp_path / "good", good=True)
     d1 = reg.register_drafter("tiny", folder, v1, spec_for(assets[0]), data_digest="sha256:data")
     t = d1.tags
-    assert (t["specdiff.verifier.model"], t["specdiff.verifier.version"]) == ("specdiff-verifier-tiny", "1")
-    assert t["specdiff.verifier.digest"] == v1.tags["specdiff.digest"] and t["specdiff.teacher.data_digest"] == "sha256:data"
+    assert (t["specdiff.models.verifier.model"], t["specdiff.models.verifier.version"]) == ("specdiff-verifier-tiny", "1")
+    assert t["specdiff.models.verifier.digest"] == v1.tags["specdiff.digest"] and t["specdiff.teacher.data_digest"] == "sha256:data"
     alpha = json.loads(t["specdiff.eval.alpha"])
     assert len(alpha) == 8 and float(t["specdiff.eval.tau"]) == pytest.approx(1 + float(t["specdiff.eval.expected_streak"]))
     assert float(t["specdiff.eval.tau"]) > 1.3  # the first position copies the verifier's head
@@ -116,7 +116,7 @@ def test_claim_is_won_by_exactly_one_of_many_racing_processes(reg, specdiff_home
     winners = [i for i, r in results.items() if r is not None]
     assert len(results) == n and len(winners) == 1
     state = reg.claim_state("tiny", "7")
-    assert state["specdiff.claim.owner"] == f"racer-{winners[0]}" and state["specdiff.realign.status"] == "claimed"
+    assert state["specdiff.claim.owner"] == f"racer-{winners[0]}" and state["specdiff.lifecycle.realign.status"] == "claimed"
     assert reg.client.get_experiment_by_name(claim_name("tiny", "7")).experiment_id == results[winners[0]]
     assert reg.claim("tiny", "7", "late") is None
 
@@ -142,6 +142,6 @@ def test_bad_inputs_name_the_missing_thing(reg, assets, tmp_path):
                                          r"specdiff-verifier-tiny/1 with digest sha256:\w+, but the verifier at .* "
                                          r"has digest sha256:\w+"):
         reg.resolve_pair(f"models:/specdiff-drafter-tiny/{drafter.version}", verifier_dir=reg.local_dir(v2))
-    reg.client.set_model_version_tag(drafter.name, str(drafter.version), "specdiff.verifier.digest", "sha256:0")
+    reg.client.set_model_version_tag(drafter.name, str(drafter.version), "specdiff.models.verifier.digest", "sha256:0")
     with pytest.raises(ValueError, match="verifier digest mismatch.*with digest sha256:0, but"):
         reg.resolve_pair(f"models:/specdiff-drafter-tiny/{drafter.version}")

@@ -1,4 +1,4 @@
-"""Offline replay of the adaptive policy over recorded rounds (``specdiff.replay``, ``jobs/policy_replay.py``)."""
+"""Offline replay of the adaptive policy over recorded rounds (``specdiff.core.replay``, ``jobs/policy_replay.py``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 
 from helpers import FixedDrafter, OracleDrafter
 from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder, generate_plain
-from specdiff.policy import SpeculationCosts, SpeculationPolicy
-from specdiff.replay import RoundRecord, record, replay, speedup
+from specdiff.core.policy import SpeculationCosts, SpeculationPolicy
+from specdiff.core.replay import RoundRecord, record, replay, speedup
 
 ROOT = Path(__file__).resolve().parents[1]
 COSTS = SpeculationCosts.affine(draft_s=0.010, base_s=0.049, per_node_s=0.001)

@@ -11,13 +11,13 @@ from ray import exceptions as ray_errors
 
 from serve_helpers import FEATURE_PROMPTS, FakeHandle, fitted_feature_drafter
 from specdiff import SamplingParams, SpecConfig, SpeculationCosts, SpeculativeDecoder, generate_plain
-from specdiff.feature_drafter import build_feature_drafter, save_feature_drafter
+from specdiff.models.feature_drafter import build_feature_drafter, save_feature_drafter
 from specdiff.serving.config import DEMO, ModelSource
 from specdiff.serving.models import byte_tokenizer, demo_verifier_model
 from specdiff.serving.remote import RemoteDrafter, RemoteVerifier
 from specdiff.serving.servers import DrafterServer, VerifierServer
 from specdiff.serving.wire import FeatureRows, NeedFeatures
-from specdiff.verifier import HFVerifier
+from specdiff.models.verifier import HFVerifier
 
 from helpers import tiny_llama
 
@@ -230,7 +230,7 @@ def _model_deployments(app) -> list:
 
 
 def test_model_source_defaults_to_the_embedded_pair():
-    from specdiff.models import DEFAULT_VERIFIER
+    from specdiff.models.sources import DEFAULT_VERIFIER
 
     default = ModelSource()
     assert (default.verifier, default.drafter, default.model_id) == (DEFAULT_VERIFIER, "default", DEFAULT_VERIFIER)

@@ -13,10 +13,10 @@ import requests
 
 from serve_helpers import BASE, FEATURE_PROMPTS, MODEL, fitted_feature_drafter, run_app
 from specdiff import SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain
-from specdiff.feature_drafter import save_feature_drafter
+from specdiff.models.feature_drafter import save_feature_drafter
 from specdiff.serving.config import ModelSource
 from specdiff.serving.models import byte_tokenizer, demo_verifier_model
-from specdiff.verifier import HFVerifier
+from specdiff.models.verifier import HFVerifier
 
 pytestmark = pytest.mark.slow
 SMALL = {"num_cpus": 0.5}

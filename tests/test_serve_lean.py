@@ -16,7 +16,7 @@ from specdiff import (HFVerifier, SamplingParams, SpecConfig, SpeculationCosts, 
                       generate_plain, stream_plain)
 from specdiff.serving.remote import RemoteDrafter, RemoteVerifier
 from specdiff.serving.servers import DrafterServer, VerifierServer
-from specdiff.tree import build_tree
+from specdiff.core.tree import build_tree
 
 VOCAB = 49_152  # SmolLM2's
 LIMIT = 64 * 1024  # issue 13: bytes per round between replicas and router at gamma=8, K=4

@@ -80,7 +80,7 @@ def test_verifier_swap_drops_sessions_of_the_old_model(verifier_model):
 
     from specdiff import HFVerifier, build_small_drafter
     from specdiff.serving.servers import DrafterServer, VerifierServer
-    from specdiff.tree import build_tree, chain
+    from specdiff.core.tree import build_tree, chain
 
     server = VerifierServer(HFVerifier(verifier_model))
     prompt = [10, 20, 30]

@@ -13,14 +13,14 @@ from starlette.requests import Request
 
 from serve_helpers import FakeHandle, LocalReference, SyncDrafter
 from specdiff import SamplingParams, SpecConfig, SpeculativeDecoder
-from specdiff.drafter import DrafterUnavailable
+from specdiff.models.drafter import DrafterUnavailable
 from specdiff.serving.app import CLIENT_LEFT, _unless_client_leaves
 from specdiff.serving.config import AppConfig
 from specdiff.serving.protocol import ApiError, ChatRequest, CompletionRequest, parse
 from specdiff.serving.remote import RemoteDrafter, RemoteVerifier
 from specdiff.serving.router import TextStreamer
 from specdiff.serving.servers import DrafterServer, VerifierServer
-from specdiff.tree import build_tree, chain
+from specdiff.core.tree import build_tree, chain
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Prompt sources nobody here wrote (specdiff.corpus, specdiff.word_problems, specdiff.distill.selfwritten): their
+"""Prompt sources nobody here wrote (specdiff.prompts.corpus, specdiff.prompts.word_problems, specdiff.distill.selfwritten): their
 evaluation splits never share a file, a topic, a template or a request with training."""
 
 import ast
@@ -6,7 +6,7 @@ import ast
 import pytest
 import torch
 
-from specdiff import corpus
+from specdiff.prompts import corpus
 from specdiff.prompts import DISJOINT_SETS, Prompt, eval_prompts, prompt_ids, source_prompts, training_mix
 
 
@@ -85,7 +85,7 @@ def test_self_written_requests_are_seeded_filtered_and_exclude_the_heldout(tmp_p
 
     from specdiff.distill.selfwritten import (cached_heldout, keep, self_written_prompts, user_turn_header,
                                              write_packaged)
-    from specdiff.hf import HFModel
+    from specdiff.models.hf import HFModel
 
     tok = WordTokenizer(64)
     assert user_turn_header(tok) == tok.encode("[user]")

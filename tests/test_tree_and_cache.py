@@ -6,7 +6,7 @@ import torch
 
 from helpers import full_logprobs
 from specdiff import HFVerifier, SamplingParams, build_tree, expected_streak, select
-from specdiff.tree import chain
+from specdiff.core.tree import chain
 
 PROMPT = [3, 17, 9, 41, 2, 8]
 # Shared prefixes (rows 0/1 share 2 tokens, rows 2/3 share 1), a duplicate (row 4 == row 0) and a lone branch.
@@ -117,7 +117,7 @@ def test_target_probs_matches_hf_warpers():
 
 
 def test_a_one_point_distribution_is_its_token_without_a_draw():
-    from specdiff.sampling import sample
+    from specdiff.core.sampling import sample
 
     gen = torch.Generator().manual_seed(0)
     point = torch.zeros(1000)
@@ -131,7 +131,7 @@ def test_a_one_point_distribution_is_its_token_without_a_draw():
 
 
 def test_candidates_start_with_the_argmax_window_when_asked():
-    from specdiff.selection import sample_candidates
+    from specdiff.core.selection import sample_candidates
 
     marginals = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]])
     gen = torch.Generator().manual_seed(0)
@@ -146,7 +146,7 @@ def test_folded_grouped_query_attention_scores_trees_as_stock_sdpa(monkeypatch):
     import copy
 
     from helpers import tiny_llama
-    from specdiff.hf import GQA_SDPA, fold_gqa_attention
+    from specdiff.models.hf import GQA_SDPA, fold_gqa_attention
 
     stock = tiny_llama(64, seed=3, init_std=0.2)  # 4 query heads on 2 key/value heads, sdpa
     folded_model = copy.deepcopy(stock)

@@ -25,8 +25,8 @@ else:
 from vllm_helpers import overfit_feature_drafter  # noqa: E402
 
 from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder, generate_plain  # noqa: E402
-from specdiff.feature_drafter import save_feature_drafter  # noqa: E402
-from specdiff.models import default_verifier_path, load_causal_lm  # noqa: E402
+from specdiff.models.feature_drafter import save_feature_drafter  # noqa: E402
+from specdiff.models.sources import default_verifier_path, load_causal_lm  # noqa: E402
 from specdiff.prompts import chat_prompt_ids, load_prompts  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]  # the fixture (three vLLM loads) counts here
@@ -136,7 +136,7 @@ def test_bench_puts_vllm_rows_beside_ours(runs):
 
 
 def test_plugin_gets_copies_accepted_where_an_untrained_drafter_gets_none(runs):
-    """specdiff.vllm_plugin inside vLLM (loaded through its entry point in vLLM's worker process): with an untrained
+    """specdiff.vllm.plugin inside vLLM (loaded through its entry point in vLLM's worker process): with an untrained
     drafter whose marginals are flat (final norm zeroed: every top-1 probability 1/V_draft), vLLM alone would accept
     none of its drafts; the copied candidate still gets tokens accepted on these prompts (our lookup replayed offline
     on their greedy outputs: 25 over the four), the confidence cut (export default) removes every drafter window, so
@@ -147,8 +147,8 @@ def test_plugin_gets_copies_accepted_where_an_untrained_drafter_gets_none(runs):
     from vllm.inputs import TokensPrompt
 
     import bench_vllm
-    from specdiff.export_vllm import export_vllm
-    from specdiff.feature_drafter import build_feature_drafter
+    from specdiff.vllm.export import export_vllm
+    from specdiff.models.feature_drafter import build_feature_drafter
 
     verifier_dir = default_verifier_path()
     model, _ = load_causal_lm(str(verifier_dir), "float32")

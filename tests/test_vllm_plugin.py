@@ -1,4 +1,4 @@
-"""specdiff.vllm_plugin without vLLM: the subclass it puts in place of vLLM's DFlashProposer, run over a stand-in base
+"""specdiff.vllm.plugin without vLLM: the subclass it puts in place of vLLM's DFlashProposer, run over a stand-in base
 class with vLLM's method names (tests/test_vllm_engine.py runs it inside vLLM). It splices a copied chain into a
 request's draft where the request's tokens repeat, keeps the drafter's draft elsewhere and for partial prefills,
 sets a replaced row's draft probabilities one-hot, and leaves everything alone when the export asks for no lookup."""
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from specdiff.lookup import lookup_or_draft
-from specdiff.vllm_plugin import (_FIRST_PASS, _lookup_proposer, confidence_setting, cut_rows, full_copies, register,
+from specdiff.core.lookup import lookup_or_draft
+from specdiff.vllm.plugin import (_FIRST_PASS, _lookup_proposer, confidence_setting, cut_rows, full_copies, register,
                                   splice_rows, step_copies)
 
 V = 100
@@ -173,7 +173,7 @@ def test_a_vllm_without_the_first_pass_steps_runs_the_drafter_every_step(caplog)
     class OlderDFlash(StandInDFlash):
         set_inputs_first_pass = None
 
-    with caplog.at_level(logging.WARNING, logger="specdiff.vllm_plugin"):
+    with caplog.at_level(logging.WARNING, logger="specdiff.vllm.plugin"):
         p = proposer({"min_ngram": 2, "max_ngram": 4}, base=OlderDFlash)
     assert "the drafter runs on every step" in caplog.text
     p.prepare_next_token_ids_padded(torch.tensor([[-1]]), {}, batch([[5, 6, 7, 8, 9, 5, 6]]), torch.tensor([False]))
@@ -239,7 +239,7 @@ def test_register_patches_vllms_runner_once_or_warns(caplog):
     try:
         from vllm.v1.worker import gpu_model_runner
     except ImportError:  # the main virtualenv: nothing to patch, and the log says so
-        with caplog.at_level(logging.WARNING, logger="specdiff.vllm_plugin"):
+        with caplog.at_level(logging.WARNING, logger="specdiff.vllm.plugin"):
             register()
         assert "without prompt lookup" in caplog.text
         return
@@ -254,7 +254,7 @@ def test_register_patches_vllms_runner_once_or_warns(caplog):
 
 def test_one_search_per_request_per_step(monkeypatch):
     """The skip test and the splice read the same copies: each request's context is searched once a step."""
-    import specdiff.vllm_plugin as plugin
+    import specdiff.vllm.plugin as plugin
 
     searched = []
     real = plugin.lookup_continuation

@@ -20,8 +20,8 @@ from serve_helpers import BASE, METRICS_PORT, run_app  # noqa: E402
 from vllm_helpers import overfit_feature_drafter  # noqa: E402
 
 from specdiff import HFVerifier, generate_plain  # noqa: E402
-from specdiff.feature_drafter import save_feature_drafter  # noqa: E402
-from specdiff.models import default_verifier_path, load_causal_lm  # noqa: E402
+from specdiff.models.feature_drafter import save_feature_drafter  # noqa: E402
+from specdiff.models.sources import default_verifier_path, load_causal_lm  # noqa: E402
 from specdiff.prompts import chat_prompt_ids, load_prompts  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]

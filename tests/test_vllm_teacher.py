@@ -16,13 +16,13 @@ else:
 
 import pyarrow as pa  # noqa: E402
 
-from specdiff.config import SamplingParams  # noqa: E402
+from specdiff.core.config import SamplingParams  # noqa: E402
 from specdiff.distill.teacher import TeacherSampler, verifier_record  # noqa: E402
 from specdiff.distill.teacher_vllm import VLLMTeacherSampler, choose_engine  # noqa: E402
-from specdiff.hf import HFModel  # noqa: E402
-from specdiff.models import default_verifier_path, load_causal_lm  # noqa: E402
+from specdiff.models.hf import HFModel  # noqa: E402
+from specdiff.models.sources import default_verifier_path, load_causal_lm  # noqa: E402
 from specdiff.prompts import chat_prompt_ids, load_prompts  # noqa: E402
-from specdiff.sampling import target_probs  # noqa: E402
+from specdiff.core.sampling import target_probs  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 TAPS = [1, 14, 27]

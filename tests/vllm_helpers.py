@@ -13,7 +13,7 @@ from collections import Counter
 import torch
 import torch.nn.functional as F
 
-from specdiff.feature_drafter import AnchorBatch, FeatureDrafter, anchor_logits, build_feature_drafter
+from specdiff.models.feature_drafter import AnchorBatch, FeatureDrafter, anchor_logits, build_feature_drafter
 
 
 @torch.no_grad()

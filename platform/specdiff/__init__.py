@@ -1,8 +1,8 @@
 """SpecDiff-2: speculative decoding with masked-diffusion drafters, self-selection and exact verification."""
 
-from .acceptance import Verdict, greedy_accept, speculative_accept
-from .config import DecodeOptions, DrafterConfig, SamplingParams, SpecConfig
-from .drafter import (
+from specdiff.core.acceptance import Verdict, greedy_accept, speculative_accept
+from specdiff.core.config import DecodeOptions, DrafterConfig, SamplingParams, SpecConfig
+from specdiff.models.drafter import (
     Drafter,
     DrafterUnavailable,
     HFDiffusionDrafter,
@@ -14,13 +14,13 @@ from .drafter import (
     window_inputs,
     window_logits,
 )
-from .engine import DecodeStream, GenerationResult, SpeculativeDecoder, generate_plain, make_generator, stream_plain
-from .policy import SpeculationCosts, SpeculationPolicy
-from .sampling import target_probs
-from .selection import expected_streak, sample_candidates, select
-from .stats import DecodeStats
-from .tree import TokenTree, build_tree
-from .verifier import HFVerifier, Verifier, VerifierSession
+from specdiff.core.engine import DecodeStream, GenerationResult, SpeculativeDecoder, generate_plain, make_generator, stream_plain
+from specdiff.core.policy import SpeculationCosts, SpeculationPolicy
+from specdiff.core.sampling import target_probs
+from specdiff.core.selection import expected_streak, sample_candidates, select
+from specdiff.core.stats import DecodeStats
+from specdiff.core.tree import TokenTree, build_tree
+from specdiff.models.verifier import HFVerifier, Verifier, VerifierSession
 
 __all__ = [
     "DecodeOptions",

@@ -2,9 +2,9 @@
 drafter fits its own training data: python fit_gap.py DRAFTER_DIR BUILD_DIR (BUILD_DIR: $SPECDIFF_HOME/build/smollm2)."""
 import glob, json, random, sys, torch, pyarrow.parquet as pq
 from specdiff.distill.feature import teacher_forced_eval
-from specdiff.feature_drafter import load_feature_drafter
-from specdiff.hf import HFModel
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm
+from specdiff.models.feature_drafter import load_feature_drafter
+from specdiff.models.hf import HFModel
+from specdiff.models.sources import DEFAULT_VERIFIER, load_causal_lm
 model, tok = load_causal_lm(DEFAULT_VERIFIER, torch.float32)
 v = HFModel(model)
 dr = load_feature_drafter(sys.argv[1], model, dtype=torch.float32)

@@ -3,8 +3,8 @@
 import json, sys, torch
 from specdiff import SamplingParams
 from specdiff.distill.teacher import sample_completions
-from specdiff.hf import HFModel
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm
+from specdiff.models.hf import HFModel
+from specdiff.models.sources import DEFAULT_VERIFIER, load_causal_lm
 from specdiff.prompts import DOMAINS, chat_prompt_ids, load_prompts
 out = sys.argv[1]
 model, tok = load_causal_lm(DEFAULT_VERIFIER, torch.float32)

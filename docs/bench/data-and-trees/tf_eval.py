@@ -3,9 +3,9 @@ the first LIMIT trajectories per domain, default all):
     [DT=bfloat16] [LIMIT=12] HELDOUT=DIR python tf_eval.py NAME=DRAFTER_DIR ...   (DIR: make_heldout.py's output)"""
 import json, os, sys, torch
 from specdiff.distill.feature import teacher_forced_eval
-from specdiff.feature_drafter import load_feature_drafter
-from specdiff.hf import HFModel
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm
+from specdiff.models.feature_drafter import load_feature_drafter
+from specdiff.models.hf import HFModel
+from specdiff.models.sources import DEFAULT_VERIFIER, load_causal_lm
 model, tok = load_causal_lm(DEFAULT_VERIFIER, getattr(torch, os.environ.get("DT", "float32")))
 v = HFModel(model)
 recs = {d: [json.loads(l) for l in open(os.path.join(os.environ["HELDOUT"], f"heldout-{d}.jsonl"))][: int(os.environ.get("LIMIT", 99))] for d in ("code", "math", "chat")}

@@ -3,9 +3,9 @@ trajectories, for tree_walk.py and ../levers-1206's walks (gamma 8; dtype DT, de
     [DT=bfloat16] [TOPK=32] HELDOUT=DIR python tree_sim.py DRAFTER_DIR OUT.pt"""
 import json, os, sys, torch
 from specdiff.distill.teacher import causal_inputs
-from specdiff.feature_drafter import AnchorBatch, greedy_labels, anchor_logits, load_feature_drafter
-from specdiff.hf import HFModel
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm
+from specdiff.models.feature_drafter import AnchorBatch, greedy_labels, anchor_logits, load_feature_drafter
+from specdiff.models.hf import HFModel
+from specdiff.models.sources import DEFAULT_VERIFIER, load_causal_lm
 G = 8
 path = sys.argv[1]
 model, tok = load_causal_lm(DEFAULT_VERIFIER, getattr(torch, os.environ.get("DT", "float32")))

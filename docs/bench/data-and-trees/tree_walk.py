@@ -1,7 +1,7 @@
 """Teacher-forced decode walk (T=0, gamma 8) over tree_sim.py's output: tokens per round and tree nodes for the
 argmax window, + the copied candidate, + B one-swap branches: python tree_walk.py OUT.pt"""
 import sys, torch
-from specdiff.lookup import lookup_continuation
+from specdiff.core.lookup import lookup_continuation
 G = 8
 data = torch.load(sys.argv[1], weights_only=False)
 def streak(c, lab):

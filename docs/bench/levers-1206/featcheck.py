@@ -3,9 +3,9 @@ the drafter with a full transformers forward's taps over the same tokens, and th
     python featcheck.py DRAFTER_DIR ..."""
 import sys, torch, json
 from specdiff import HFVerifier, SpecConfig, SpeculativeDecoder, load_drafter
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm
+from specdiff.models.sources import DEFAULT_VERIFIER, load_causal_lm
 from specdiff.prompts import load_prompts, chat_prompt_ids
-from specdiff.hf import HFModel
+from specdiff.models.hf import HFModel
 dt = torch.bfloat16
 model, tok = load_causal_lm(DEFAULT_VERIFIER, dt, backend="auto")
 ref_model, _ = load_causal_lm(DEFAULT_VERIFIER, dt, backend="transformers")

@@ -3,7 +3,7 @@ chosen by each rule (latest occurrence of the longest n-gram, the drafter-scored
     [EOS=1] python walk_copies.py OUT.pt [none,latest,scored,scored_long,two,oracle]
 (EOS=1: a completion ends at its first <|im_end|>)"""
 import os, sys, torch
-from specdiff.lookup import lookup_continuation
+from specdiff.core.lookup import lookup_continuation
 G = 8
 EOS = os.environ.get("EOS") == "1"
 def streak(c, lab):

@@ -1,7 +1,7 @@
 """T=0 walk: argmax window (8) + the latest copy extended to LC tokens (past 8 only where the n-gram match has
 >= min_ngram_long tokens; labels past 8 from the greedy trajectory): python walk_long_copy.py OUT.pt"""
 import sys, torch
-from specdiff.lookup import lookup_continuation
+from specdiff.core.lookup import lookup_continuation
 G = 8
 from walk_copies import nodes, streak  # its labels (trajectory tokens) are never -1
 data = torch.load(sys.argv[1], weights_only=False)

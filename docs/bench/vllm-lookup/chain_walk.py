@@ -1,12 +1,12 @@
 """Which single chain should a chain verifier (vLLM) check: the drafter's window, a copy from the context, or the copy
 where there is one? Teacher-forced T=0 decode walks over held-out greedy trajectories (a one-off study; its result
-is specdiff.lookup.lookup_or_draft and specdiff.vllm_plugin).
+is specdiff.core.lookup.lookup_or_draft and specdiff.vllm.plugin).
 
     python docs/bench/vllm-lookup/chain_walk.py DRAFTER_DIR
 
 At T=0 a step started at position t accepts the longest prefix of its chain that matches the greedy continuation,
 so a decode's tokens per step follow from the drafter's argmax window at every position (one batched drafter pass
-per trajectory, specdiff.distill.feature.anchor_logits) and the copied candidate (specdiff.lookup). float32,
+per trajectory, specdiff.distill.feature.anchor_logits) and the copied candidate (specdiff.core.lookup). float32,
 96-token greedy trajectories of every eval prompt (prompts cut to their last 160 tokens, as in training).
 """
 import sys
@@ -16,10 +16,10 @@ import torch
 from specdiff import SamplingParams
 from specdiff.distill.feature import anchor_logits, causal_inputs
 from specdiff.distill.teacher import sample_completions
-from specdiff.feature_drafter import AnchorBatch, greedy_labels, load_feature_drafter
-from specdiff.hf import HFModel
-from specdiff.lookup import lookup_continuation
-from specdiff.models import DEFAULT_VERIFIER, load_causal_lm
+from specdiff.models.feature_drafter import AnchorBatch, greedy_labels, load_feature_drafter
+from specdiff.models.hf import HFModel
+from specdiff.core.lookup import lookup_continuation
+from specdiff.models.sources import DEFAULT_VERIFIER, load_causal_lm
 from specdiff.prompts import DOMAINS, chat_prompt_ids, load_prompts
 
 MAX_GAMMA = 8

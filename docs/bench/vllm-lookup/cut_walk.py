@@ -1,6 +1,6 @@
 """How much of the drafter's window is worth verifying? Teacher-forced T=0 walks of the plugin's rule (copy where the
 context has one, else the drafter's window) with the drafter's window cut before the first position where the
-running product of its top-1 probabilities falls below a threshold (specdiff.vllm_plugin.cut_rows). A one-off study,
+running product of its top-1 probabilities falls below a threshold (specdiff.vllm.plugin.cut_rows). A one-off study,
 as chain_walk.py (same trajectories: 96-token greedy continuations of every eval prompt, float32, gamma 4):
 
     python docs/bench/vllm-lookup/cut_walk.py DRAFTER_DIR
@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import chain_walk as cw  # noqa: E402
-from specdiff.lookup import lookup_or_draft  # noqa: E402
-from specdiff.vllm_plugin import cut_rows  # noqa: E402
+from specdiff.core.lookup import lookup_or_draft  # noqa: E402
+from specdiff.vllm.plugin import cut_rows  # noqa: E402
 
 G = 4
 

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .teacher import causal_inputs
+from specdiff.distill.teacher import causal_inputs
 
 
 def ar_drafter_from_verifier(verifier: torch.nn.Module, layers: Sequence[int]) -> torch.nn.Module:
@@ -65,7 +65,7 @@ def train_ar_drafter(
 ) -> torch.nn.Module:
     """AdamW with linear warm-up and cosine decay over ``steps`` batches of teacher trajectories (records with
     ``prompt_ids`` and ``completion_ids``); prompts are cut to their last ``max_prompt_tokens``."""
-    from .train import lr_factor
+    from specdiff.distill.train import lr_factor
 
     if not records:
         raise ValueError("records must hold at least one teacher trajectory, got none")

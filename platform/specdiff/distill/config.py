@@ -21,8 +21,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..config import SamplingParams
-from ..models import DEFAULT_VERIFIER
+from specdiff.core.config import SamplingParams
+from specdiff.models.sources import DEFAULT_VERIFIER
 
 
 class Section(BaseModel):
@@ -60,7 +60,7 @@ class VerifierSection(Section):
     version: str = Field("unversioned", description="Verifier version recorded with the drafter.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Verifier dtype (teacher and eval); auto: bfloat16 on a GPU or a CPU with native bf16, "
-        "else float32 (specdiff.dtypes).")
+        "else float32 (specdiff.models.dtypes).")
 
 
 class DataSection(Section):
@@ -191,7 +191,7 @@ class TrainSection(Section):
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 autocast on a GPU that "
                                                        "supports it, or on a CPU with native bf16 for a drafter at "
                                                        "least 256 wide; else fp32 (tiny drafters train faster in fp32; "
-                                                       "see specdiff.dtypes.train_autocast_bf16).")
+                                                       "see specdiff.models.dtypes.train_autocast_bf16).")
     lora: LoraSection = LoraSection()
     num_workers: int = Field(2, ge=1)
     cpus_per_worker: float = Field(0.5, gt=0, description="0.5 leaves Ray Data CPUs on a 2-core machine.")

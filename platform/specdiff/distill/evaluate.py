@@ -15,12 +15,12 @@ from typing import Sequence
 
 import torch
 
-from ..config import DrafterConfig, SamplingParams
-from ..drafter import bound_prefixes, window_inputs, window_logits
-from ..hf import HFModel
-from ..sampling import target_probs
-from ..selection import expected_streak, sample_candidates
-from .teacher import causal_inputs
+from specdiff.core.config import DrafterConfig, SamplingParams
+from specdiff.models.drafter import bound_prefixes, window_inputs, window_logits
+from specdiff.models.hf import HFModel
+from specdiff.core.sampling import target_probs
+from specdiff.core.selection import expected_streak, sample_candidates
+from specdiff.distill.teacher import causal_inputs
 
 
 @dataclass(frozen=True)
@@ -186,9 +186,9 @@ def read_prompt_ids(path: str) -> list[list[int]]:
 def evaluate_pair(drafter, verifier_model: torch.nn.Module, spec: HeldoutSpec) -> EvalResult:
     """``drafter`` (an ``HFDiffusionDrafter`` or a ``FeatureDrafter``) against ``verifier_model`` (a causal LM) on
     ``spec``."""
-    from ..feature_drafter import FeatureDrafter
-    from .teacher import sample_completions
-    from .windows import heldout_prefixes
+    from specdiff.models.feature_drafter import FeatureDrafter
+    from specdiff.distill.teacher import sample_completions
+    from specdiff.distill.windows import heldout_prefixes
 
     sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p)
     verifier = HFModel(verifier_model)
@@ -199,7 +199,7 @@ def evaluate_pair(drafter, verifier_model: torch.nn.Module, spec: HeldoutSpec) -
     prefixes = heldout_prefixes(records, spec.offsets)
     generator = torch.Generator().manual_seed(spec.seed)
     if isinstance(drafter, FeatureDrafter):
-        from .feature import evaluate_feature_drafter
+        from specdiff.distill.feature import evaluate_feature_drafter
 
         return evaluate_feature_drafter(drafter, verifier, prefixes, spec.gamma, sampling, generator=generator)
     return evaluate_drafter(HFModel(drafter.model), drafter.config, verifier, prefixes, spec.gamma, sampling,

@@ -15,13 +15,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..config import SamplingParams
-from ..feature_drafter import FeatureDrafter, anchor_hidden, anchor_logits, sample_anchors
-from ..hf import HFModel
-from ..sampling import target_probs
-from ..objectives import WINDOW_OBJECTIVES, head_label_logprobs, window_loss_from_logprobs
-from .evaluate import EvalResult, score_drafts
-from .teacher import causal_inputs
+from specdiff.core.config import SamplingParams
+from specdiff.models.feature_drafter import FeatureDrafter, anchor_hidden, anchor_logits, sample_anchors
+from specdiff.models.hf import HFModel
+from specdiff.core.sampling import target_probs
+from specdiff.core.objectives import WINDOW_OBJECTIVES, head_label_logprobs, window_loss_from_logprobs
+from specdiff.distill.evaluate import EvalResult, score_drafts
+from specdiff.distill.teacher import causal_inputs
 
 FEATURE_DTYPE = np.float16  # features travel and rest as float16 bytes: half the size, ample precision
 
@@ -164,7 +164,7 @@ def teacher_forced_eval(drafter: FeatureDrafter, verifier: HFModel, records: Seq
     so the figure is a lower bound, exact at position 1 (``EvalResult.cut`` counts such windows).
 
     None when a window runs past a trajectory's end: the caller evaluates the usual way."""
-    from ..feature_drafter import AnchorBatch, greedy_labels
+    from specdiff.models.feature_drafter import AnchorBatch, greedy_labels
 
     if any(o + gamma > len(r["completion_ids"]) for r in records for o in offsets):
         return None

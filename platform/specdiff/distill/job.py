@@ -22,19 +22,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..dtypes import dtype_name, resolve_dtype_with_reason
-from ..extras import require
-from ..feature_drafter import FEATURE_DRAFTER_META, default_tap_layers
-from ..memory import KEEP_FREED_ENV
-from ..models import resolve_model_path
-from ..publish import publishing
-from ..ray_auth import use_private_token
-from .config import DistillConfig, parse_config
-from .datasets import prepare_data
-from .feature import draft_vocabulary
-from .teacher import VerifierRecord, read_records, teacher_dataset, verifier_record
-from .train import DRAFTER_DIR, STATE, train_loop
-from .windows import heldout_prefixes
+from specdiff.models.dtypes import dtype_name, resolve_dtype_with_reason
+from specdiff.runtime.extras import require
+from specdiff.models.feature_drafter import FEATURE_DRAFTER_META, default_tap_layers
+from specdiff.runtime.memory import KEEP_FREED_ENV
+from specdiff.models.sources import resolve_model_path
+from specdiff.lineage.publish import publishing
+from specdiff.runtime.ray_auth import use_private_token
+from specdiff.distill.config import DistillConfig, parse_config
+from specdiff.distill.datasets import prepare_data
+from specdiff.distill.feature import draft_vocabulary
+from specdiff.distill.teacher import VerifierRecord, read_records, teacher_dataset, verifier_record
+from specdiff.distill.train import DRAFTER_DIR, STATE, train_loop
+from specdiff.distill.windows import heldout_prefixes
 
 LOCAL_FIELDS = ("run.storage_path", "run.output_dir", "verifier.path", "data.prompts", "data.heldout",
                 "data.trajectories", "drafter.path", "teacher.save_to", "tracking.artifact_location")

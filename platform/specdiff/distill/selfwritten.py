@@ -5,7 +5,7 @@ prompt. Seeds give disjoint sets: training requests are drawn with seed 0, with 
 ``packaged``: ``python -m specdiff.distill.selfwritten OUT.json N``), since sampling them cost a first run minutes.
 
 Pure torch over ``sample_completions``; the tokenizer is any with ``apply_chat_template``, ``encode`` and
-``decode`` (``specdiff.tokenizer`` or transformers').
+``decode`` (``specdiff.models.tokenizer`` or transformers').
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Iterable
 
 import torch
 
-from ..config import SamplingParams
-from ..hf import HFModel
-from .teacher import sample_completions
+from specdiff.core.config import SamplingParams
+from specdiff.models.hf import HFModel
+from specdiff.distill.teacher import sample_completions
 
 _PROBE = "\x00user-turn\x00"
 MAX_TOKENS = 48  # a request longer than this is cut off mid-way and dropped
@@ -125,7 +125,7 @@ def cached_heldout(folder, dtype_name: str, model_factory) -> list[str]:
 if __name__ == "__main__":  # python -m specdiff.distill.selfwritten OUT.json N [VERIFIER]: the packaged file
     import sys
 
-    from ..models import DEFAULT_VERIFIER, load_causal_lm
+    from specdiff.models.sources import DEFAULT_VERIFIER, load_causal_lm
 
     out, n = sys.argv[1], int(sys.argv[2])
     lm, tok = load_causal_lm(sys.argv[3] if len(sys.argv) > 3 else DEFAULT_VERIFIER, "auto")

@@ -18,11 +18,11 @@ from typing import Sequence
 
 import torch
 
-from ..config import SamplingParams
-from ..dtypes import resolve_dtype
-from ..hf import HFModel
-from ..memory import keep_freed_memory
-from ..sampling import sample, target_probs
+from specdiff.core.config import SamplingParams
+from specdiff.models.dtypes import resolve_dtype
+from specdiff.models.hf import HFModel
+from specdiff.runtime.memory import keep_freed_memory
+from specdiff.core.sampling import sample, target_probs
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 
@@ -55,7 +55,7 @@ def verifier_record(path: str | Path, name: str | None = None, version: str = "u
 
 
 def load_verifier_model(path: str | Path, dtype: str | torch.dtype = "float32") -> torch.nn.Module:
-    """The frozen verifier, on the CPU, in eval mode. ``dtype`` "auto" follows ``specdiff.dtypes`` (resolved where
+    """The frozen verifier, on the CPU, in eval mode. ``dtype`` "auto" follows ``specdiff.models.dtypes`` (resolved where
     this runs: a teacher actor decides for its own machine); the default stays float32 so that registry
     evaluations give the same figures on every machine."""
     from transformers import AutoModelForCausalLM
@@ -231,7 +231,7 @@ class TeacherSampler:
         print(f"[teacher] {n} trajectories sampled ({self.sampled} by this actor, {self.engine})", flush=True)
         extra = {}
         if self.taps:
-            from .feature import encode_features
+            from specdiff.distill.feature import encode_features
 
             extra["features"] = pa.array([encode_features(f) for f in features], type=pa.binary())
             extra["feature_layers"] = pa.array([json.dumps(list(self.taps))] * n)  # which layers they are
@@ -292,7 +292,7 @@ def teacher_dataset(prompts, verifier: VerifierRecord, cfg, taps: list[int] | No
     # training runs beside a streamed teacher: the repartition's tasks then find no free CPU and the job stalls.
     if whole_batches:
         prompts = prompts.repartition(target_num_rows_per_block=t.batch_size, strict=True)
-    from .teacher_vllm import VLLMTeacherSampler, choose_engine
+    from specdiff.distill.teacher_vllm import VLLMTeacherSampler, choose_engine
 
     sampler = VLLMTeacherSampler if choose_engine(t.engine, t.gpus_per_actor) == "vllm" else TeacherSampler
     return prompts.map_batches(

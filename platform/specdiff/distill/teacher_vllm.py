@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from ..dtypes import dtype_name, resolve_dtype
-from ..hf import HFModel
-from .teacher import TeacherSampler, causal_inputs, load_verifier_model
+from specdiff.models.dtypes import dtype_name, resolve_dtype
+from specdiff.models.hf import HFModel
+from specdiff.distill.teacher import TeacherSampler, causal_inputs, load_verifier_model
 
 FEATURE_CHUNK = 8  # sequences per feature pass (its logits are [chunk, L, V] floats)
 

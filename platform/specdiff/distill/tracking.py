@@ -40,7 +40,7 @@ class MLflowTracker:
 
     def __init__(self, tracking_uri: str, experiment: str, run_name: str, *, run_id: str | None = None,
                  artifact_location: str | None = None):
-        from ..extras import require
+        from specdiff.runtime.extras import require
 
         require("registry", "tracking.backend=mlflow", "mlflow")
         from mlflow.tracking import MlflowClient

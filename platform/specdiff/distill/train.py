@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafter import (
+from specdiff.models.drafter import (
     HFDiffusionDrafter,
     build_small_drafter,
     drafter_from_verifier,
@@ -34,23 +34,23 @@ from ..drafter import (
     window_inputs,
     window_outputs,
 )
-from ..dtypes import train_autocast_bf16
-from ..feature_drafter import (
+from specdiff.models.dtypes import train_autocast_bf16
+from specdiff.models.feature_drafter import (
     FeatureDrafter,
     build_feature_drafter,
     is_feature_drafter,
     load_feature_drafter,
     save_feature_drafter,
 )
-from ..hf import HFModel
-from ..memory import keep_freed_memory
-from ..objectives import ar_distill_loss, mask_window, masked_diffusion_loss, naive_window_loss, streak_loss
-from .config import DistillConfig
-from .evaluate import EvalResult, alpha_plot, evaluate_drafter
-from .feature import evaluate_feature_drafter, feature_loss, teacher_forced_eval
-from .teacher import load_verifier_model
-from .tracking import NullTracker, make_tracker
-from .windows import WindowBatch, cut_windows
+from specdiff.models.hf import HFModel
+from specdiff.runtime.memory import keep_freed_memory
+from specdiff.core.objectives import ar_distill_loss, mask_window, masked_diffusion_loss, naive_window_loss, streak_loss
+from specdiff.distill.config import DistillConfig
+from specdiff.distill.evaluate import EvalResult, alpha_plot, evaluate_drafter
+from specdiff.distill.feature import evaluate_feature_drafter, feature_loss, teacher_forced_eval
+from specdiff.distill.teacher import load_verifier_model
+from specdiff.distill.tracking import NullTracker, make_tracker
+from specdiff.distill.windows import WindowBatch, cut_windows
 
 STATE = "state.json"
 WEIGHTS = "trainable.safetensors"

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from ..drafter import bound_prefixes
+from specdiff.models.drafter import bound_prefixes
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Ray Serve deployment of the engine: Drafter / Verifier / Router, an OpenAI-compatible API, metrics."""
 
-from .config import AppConfig, DrafterOptions, ModelSource, PoolOptions, RouterOptions, VerifierOptions
-from .servers import DrafterServer, VerifierServer
+from specdiff.serving.config import AppConfig, DrafterOptions, ModelSource, PoolOptions, RouterOptions, VerifierOptions
+from specdiff.serving.servers import DrafterServer, VerifierServer
 
 __all__ = [
     "AppConfig",
@@ -18,6 +18,6 @@ __all__ = [
 
 def build_app(args=None):
     """See ``specdiff.serving.app.build_app`` (imported lazily: it pulls in FastAPI)."""
-    from .app import build_app as build
+    from specdiff.serving.app import build_app as build
 
     return build(args)

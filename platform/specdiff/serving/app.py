@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any, Dict, Optional, Union
 
-from ..extras import missing_extra
+from specdiff.runtime.extras import missing_extra
 
 try:
     from fastapi import FastAPI, Request
@@ -33,14 +33,14 @@ try:
 except ModuleNotFoundError as err:
     raise missing_extra("serve", "the Serve app (specdiff.serving.app)", err) from err
 
-from .config import AppConfig, DrafterOptions, ModelSource, RouterOptions, VerifierOptions
-from .metrics import ServeMetrics
-from ..models import DEFAULT_VERIFIER, resolve_model_path
-from .models import (check_pair, feature_drafter_config, load_drafter, load_pair, load_verifier, pair_label,
+from specdiff.serving.config import AppConfig, DrafterOptions, ModelSource, RouterOptions, VerifierOptions
+from specdiff.serving.metrics import ServeMetrics
+from specdiff.models.sources import DEFAULT_VERIFIER, resolve_model_path
+from specdiff.serving.models import (check_pair, feature_drafter_config, load_drafter, load_pair, load_verifier, pair_label,
                      resolve_default, resolve_pair)
-from .protocol import ApiError
-from .router import OpenAIRouter
-from .servers import DecodeServer, DrafterServer, VerifierServer
+from specdiff.serving.protocol import ApiError
+from specdiff.serving.router import OpenAIRouter
+from specdiff.serving.servers import DecodeServer, DrafterServer, VerifierServer
 
 logger = logging.getLogger(__name__)
 CONSISTENT_HASH_ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from ..config import SpecConfig
-from ..models import DEFAULT_VERIFIER
+from specdiff.core.config import SpecConfig
+from specdiff.models.sources import DEFAULT_VERIFIER
 
 _SPEC = SpecConfig()  # the library's defaults for γ, K and the draft temperature: one source
 
@@ -69,10 +69,10 @@ class ModelSource(_Strict):
     tokenizer: str | None = Field(None, description="Tokenizer folder / hub id; default: the verifier's.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weights dtype; 'auto' = bfloat16 on a GPU or a CPU with native bf16, else float32 "
-        "(specdiff.dtypes; SPECDIFF_DTYPE forces it)."
+        "(specdiff.models.dtypes; SPECDIFF_DTYPE forces it)."
     )
     backend: Literal["auto", "transformers", "specdiff"] = Field(
-        "auto", description="Verifier forward: 'specdiff' (specdiff.llama: transformers' Llama forward in plain torch, "
+        "auto", description="Verifier forward: 'specdiff' (specdiff.models.llama: transformers' Llama forward in plain torch, "
         "weights loaded straight from safetensors; replicas start seconds sooner), 'transformers', or 'auto' "
         "(specdiff where the folder is a Llama-family model it computes exactly and no device_map is given)."
     )
@@ -226,7 +226,7 @@ class RouterOptions(PoolOptions):
     max_tokens_limit: int = Field(4096, ge=1, description="Largest max_tokens a request may ask for.")
     default_max_tokens: int = Field(64, ge=1, description="max_tokens when a request gives none.")
     gamma: int | None = Field(None, ge=1, description="Default window γ; None: chosen round by round by the "
-                              "adaptive policy (specdiff.policy), up to adaptive_max_gamma.")
+                              "adaptive policy (specdiff.core.policy), up to adaptive_max_gamma.")
     num_candidates: int | None = Field(None, ge=1, description="Default K; None: adaptive, up to "
                                        "adaptive_max_candidates.")
     adaptive_max_gamma: int = Field(_SPEC.max_gamma, ge=1, description="Largest γ the adaptive policy tries.")

@@ -6,7 +6,7 @@ Ray exports them with a ``ray_`` prefix on every node's metrics endpoint (``ray_
 
 from __future__ import annotations
 
-from ..stats import DecodeStats
+from specdiff.core.stats import DecodeStats
 
 LATENCY_BUCKETS_S = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
 

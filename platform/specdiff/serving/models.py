@@ -5,7 +5,7 @@ The default source is the embedded default pair (SmolLM2-135M-Instruct and its d
 and a ``build_small_drafter``): it exercises the whole serving path offline, on CPU, in seconds, and writes
 gibberish.
 
-A feature drafter (``specdiff.feature_drafter``) has no embeddings or LM head of its own: its replica loads the
+A feature drafter (``specdiff.models.feature_drafter``) has no embeddings or LM head of its own: its replica loads the
 verifier's weights to take them, and the verifier replica taps the layers the drafter's record names.
 """
 
@@ -20,13 +20,13 @@ import json
 import os
 from pathlib import Path
 
-from ..drafter import DRAFTER_META, Drafter, HFDiffusionDrafter, build_small_drafter
-from ..drafter import load_drafter as load_saved_drafter
-from ..dtypes import resolve_dtype
-from ..feature_drafter import FEATURE_DRAFTER_META, FeatureDrafterConfig, is_feature_drafter, load_feature_drafter
-from ..models import DEFAULT_VERIFIER, resolve_model_path, state_dir
-from ..verifier import HFVerifier
-from .config import DEFAULT_DRAFTER, DEMO, ModelSource
+from specdiff.models.drafter import DRAFTER_META, Drafter, HFDiffusionDrafter, build_small_drafter
+from specdiff.models.drafter import load_drafter as load_saved_drafter
+from specdiff.models.dtypes import resolve_dtype
+from specdiff.models.feature_drafter import FEATURE_DRAFTER_META, FeatureDrafterConfig, is_feature_drafter, load_feature_drafter
+from specdiff.models.sources import DEFAULT_VERIFIER, resolve_model_path, state_dir
+from specdiff.models.verifier import HFVerifier
+from specdiff.serving.config import DEFAULT_DRAFTER, DEMO, ModelSource
 
 DEFAULT_FAMILY = "smollm2"  # the default pair's registry family (jobs/build_drafter.py --register)
 BUILD_HINT = "python jobs/build_drafter.py"
@@ -90,7 +90,7 @@ def resolve_default(source: ModelSource) -> ModelSource:
     alias = f"models:/specdiff-drafter-{DEFAULT_FAMILY}@production"
     store = source.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if store or (state_dir() / "mlflow.db").is_file():  # never create an empty store just to look
-        from ..registry import Registry
+        from specdiff.registry import Registry
 
         if Registry(store).production(DEFAULT_FAMILY) is not None:
             verifier = DEMO if source.verifier == DEFAULT_VERIFIER else source.verifier  # the pair's own verifier
@@ -110,7 +110,7 @@ def resolve_pair(source: ModelSource) -> tuple[ModelSource, str | None]:
     source = resolve_default(source)
     if source.pair is None:
         return source, None
-    from ..registry import Registry
+    from specdiff.registry import Registry
 
     override = None if source.verifier == DEMO else resolve_model_path(source.verifier)
     pair = Registry(source.tracking_uri).resolve_pair(source.pair, override)
@@ -121,7 +121,7 @@ def resolve_pair(source: ModelSource) -> tuple[ModelSource, str | None]:
 
 def pair_label(source: ModelSource) -> str:
     """Which drafter version ``source.pair`` names now (one registry read; nothing is downloaded)."""
-    from ..registry import Registry
+    from specdiff.registry import Registry
 
     version = Registry(source.tracking_uri).get(source.pair)
     return f"{version.name}/{version.version}"
@@ -168,7 +168,7 @@ def verifier_model(source: ModelSource) -> torch.nn.Module:
     if source.verifier == DEMO:
         return demo_verifier_model(source, len(byte_tokenizer()))
     if source.backend != "transformers" and source.device_map is None:
-        from ..llama import load_llama
+        from specdiff.models.llama import load_llama
 
         path = resolve_model_path(source.verifier)
         model = load_llama(path, _dtype(source))  # None: not a local folder it computes exactly
@@ -176,7 +176,7 @@ def verifier_model(source: ModelSource) -> torch.nn.Module:
             return model.to(_device()).eval()
         if source.backend == "specdiff":
             raise ValueError(f"models.backend 'specdiff' needs a local Llama-family folder with safetensors weights "
-                             f"(specdiff.llama.unsupported_reason); models.verifier {source.verifier!r} is not one")
+                             f"(specdiff.models.llama.unsupported_reason); models.verifier {source.verifier!r} is not one")
     elif source.backend == "specdiff":
         raise ValueError("models.backend 'specdiff' loads onto one device: leave models.device_map unset")
     from transformers import AutoModelForCausalLM

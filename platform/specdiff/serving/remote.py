@@ -1,6 +1,6 @@
 """The engine's drafter and verifier roles over Serve deployment handles.
 
-``SpeculativeDecoder`` runs unchanged over these adapters; each half of a round (``specdiff.rounds``) runs on the
+``SpeculativeDecoder`` runs unchanged over these adapters; each half of a round (``specdiff.core.rounds``) runs on the
 replica that holds its probabilities, so a round sends token ids, not distributions: the drafter replica returns K
 candidates sampled from its marginals, the verifier replica builds the trie, scores it, selects, accepts, commits
 and returns the emitted tokens. Both draw from per-round streams the router derives from the request's seed, so
@@ -40,13 +40,13 @@ import torch
 from ray import exceptions as ray_errors
 from ray.serve import exceptions as serve_errors
 
-from ..config import DecodeOptions
-from ..drafter import DrafterUnavailable
-from ..engine import DecodeStream, Stopper
-from ..rounds import Draft, Outcome
-from ..stats import DecodeStats
-from .metrics import NullMetrics
-from .wire import FeatureRows, NeedFeatures, NeedTokens, TokenSync
+from specdiff.core.config import DecodeOptions
+from specdiff.models.drafter import DrafterUnavailable
+from specdiff.core.engine import DecodeStream, Stopper
+from specdiff.core.rounds import Draft, Outcome
+from specdiff.core.stats import DecodeStats
+from specdiff.serving.metrics import NullMetrics
+from specdiff.serving.wire import FeatureRows, NeedFeatures, NeedTokens, TokenSync
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class RemoteDrafter:
 
     def draft(self, prefix: Sequence[int], spec, seed: int, features=None) -> Draft:
         """The drafting half of a round on a drafter replica: K candidates [K, gamma] sampled there from the
-        round's drafting stream ``seed`` (``specdiff.rounds``); its marginals stay there."""
+        round's drafting stream ``seed`` (``specdiff.core.rounds``); its marginals stay there."""
         if self.needs_features:
             return self._with_rows(prefix, features, lambda h, sid, anchor, n, rows: self._call(
                 h, "draft_features", sid, anchor, n, rows, spec, seed))
@@ -227,7 +227,7 @@ class RemoteVerifier:
         self.sessions: list[RemoteVerifierSession] = []
 
     def start(self, prompt: Sequence[int]) -> RemoteVerifierSession:
-        from ..verifier import check_prompt
+        from specdiff.models.verifier import check_prompt
 
         session = RemoteVerifierSession(self, check_prompt(prompt, self.max_context, self.vocab_size))
         self.sessions.append(session)

@@ -18,17 +18,17 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Callable
 
-from ..config import DecodeOptions, SamplingParams, SpecConfig
-from ..engine import DecodeStream, SpeculativeDecoder, stream_plain
-from ..policy import SpeculationCosts
-from ..stats import DecodeStats
-from ..text import TextStreamer
-from .config import ModelSource, RouterOptions
-from .metrics import NullMetrics
-from .models import load_tokenizer, stop_token_ids
-from .protocol import ApiError, ChatRequest, CompletionRequest, parse, value_error
-from .aio import iterate_in_thread
-from .remote import RemoteDrafter, RemoteVerifier, remote_decode
+from specdiff.core.config import DecodeOptions, SamplingParams, SpecConfig
+from specdiff.core.engine import DecodeStream, SpeculativeDecoder, stream_plain
+from specdiff.core.policy import SpeculationCosts
+from specdiff.core.stats import DecodeStats
+from specdiff.core.text import TextStreamer
+from specdiff.serving.config import ModelSource, RouterOptions
+from specdiff.serving.metrics import NullMetrics
+from specdiff.serving.models import load_tokenizer, stop_token_ids
+from specdiff.serving.protocol import ApiError, ChatRequest, CompletionRequest, parse, value_error
+from specdiff.serving.aio import iterate_in_thread
+from specdiff.serving.remote import RemoteDrafter, RemoteVerifier, remote_decode
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The drafter and verifier replicas as plain classes, with the model injected (testable without Serve).
 
-Each replica runs its half of a round where its probabilities live (``specdiff.rounds``), so only token ids travel:
+Each replica runs its half of a round where its probabilities live (``specdiff.core.rounds``), so only token ids travel:
 
 - ``DrafterServer``: ``draft_many``: prefix -> marginals -> K candidates [K, gamma] sampled here from the round's
   drafting stream; concurrent calls batched (one forward per window size) by the Serve deployment
@@ -35,16 +35,16 @@ from typing import AsyncIterator, Callable, Iterator, Sequence
 
 import torch
 
-from .. import rounds
-from ..config import DecodeOptions, SamplingParams, SpecConfig
-from ..drafter import Drafter
-from ..engine import SpeculativeDecoder, stream_plain
-from ..policy import SpeculationCosts
-from ..stats import DecodeStats
-from ..tree import TokenTree
-from ..verifier import HFVerifierSession, Verifier
-from .aio import iterate_in_thread
-from .wire import FeatureRows, NeedFeatures, NeedTokens, TokenSync, token_digest
+from specdiff.core import rounds
+from specdiff.core.config import DecodeOptions, SamplingParams, SpecConfig
+from specdiff.models.drafter import Drafter
+from specdiff.core.engine import SpeculativeDecoder, stream_plain
+from specdiff.core.policy import SpeculationCosts
+from specdiff.core.stats import DecodeStats
+from specdiff.core.tree import TokenTree
+from specdiff.models.verifier import HFVerifierSession, Verifier
+from specdiff.serving.aio import iterate_in_thread
+from specdiff.serving.wire import FeatureRows, NeedFeatures, NeedTokens, TokenSync, token_digest
 
 
 def _build(obj, kind):

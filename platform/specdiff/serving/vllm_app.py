@@ -6,7 +6,7 @@ batching and OpenAI server, Serve's replicas and autoscaling. Needs the vLLM ext
 
 Ray Serve LLM runs on CPUs too (Ray 2.60: a placement group of CPU bundles; this builder asks for one when
 ``num_gpus`` is 0), so one code path serves a laptop and an A100 pool. The drafter is exported once per drafter
-digest to ``$SPECDIFF_HOME/vllm`` (``specdiff.export_vllm``) and loaded by vLLM as speculative method ``dflash``.
+digest to ``$SPECDIFF_HOME/vllm`` (``specdiff.vllm.export``) and loaded by vLLM as speculative method ``dflash``.
 
 Speculation under load: ``speculation_max_batch`` becomes vLLM's dynamic schedule
 (``num_speculative_tokens_per_batch_size``: γ tokens while the engine's batch holds at most that many requests,
@@ -27,10 +27,10 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from ..export_vllm import DEFAULT_MIN_DRAFT_CONFIDENCE
-from ..models import DEFAULT_VERIFIER, default_verifier_path, resolve_model_path, state_dir
-from ..publish import publishing
-from .config import DEFAULT_DRAFTER, _Strict
+from specdiff.vllm.export import DEFAULT_MIN_DRAFT_CONFIDENCE
+from specdiff.models.sources import DEFAULT_VERIFIER, default_verifier_path, resolve_model_path, state_dir
+from specdiff.lineage.publish import publishing
+from specdiff.serving.config import DEFAULT_DRAFTER, _Strict
 
 
 class VLLMAppConfig(_Strict):
@@ -44,16 +44,16 @@ class VLLMAppConfig(_Strict):
     gamma: int = Field(4, ge=1, description="Draft tokens per step (vLLM num_speculative_tokens), at most the "
                        "drafter's window.")
     prompt_lookup: bool = Field(True, description="Draft a copy from the context where it has one, the drafter's "
-                                "window elsewhere (specdiff.vllm_plugin; n-grams 2 to 4).")
+                                "window elsewhere (specdiff.vllm.plugin; n-grams 2 to 4).")
     min_draft_confidence: float | None = Field(DEFAULT_MIN_DRAFT_CONFIDENCE, gt=0, lt=1, description="Verify the "
                                                "drafter's tokens only while the running product of its top-1 "
-                                               "probabilities stays at or above this (specdiff.vllm_plugin); none: "
+                                               "probabilities stays at or above this (specdiff.vllm.plugin); none: "
                                                "every window whole.")
     speculation_max_batch: int | None = Field(None, ge=1, description="Speculate while the engine's batch holds at "
                                               "most this many requests, not above (none: always).")
     max_num_seqs: int = Field(64, ge=1, description="vLLM: requests batched per step.")
     max_model_len: int = Field(2048, ge=16, description="vLLM: context length per request.")
-    dtype: str = Field("auto", description="auto (specdiff.dtypes: bf16 on a GPU or a CPU with native bf16, else "
+    dtype: str = Field("auto", description="auto (specdiff.models.dtypes: bf16 on a GPU or a CPU with native bf16, else "
                        "float32), float32 or bfloat16.")
     enforce_eager: bool | None = Field(None, description="vLLM: skip compilation (default: on a CPU, where "
                                        "compiling takes minutes).")
@@ -90,7 +90,7 @@ def export_for_vllm(drafter_dir: Path, verifier_dir: Path, *, prompt_lookup: boo
                     min_draft_confidence: float | None = DEFAULT_MIN_DRAFT_CONFIDENCE):
     """The drafter exported for vLLM, once per drafter and verifier folder state and plugin setting
     (``$SPECDIFF_HOME/vllm/<key>``, published atomically: replicas starting together never read half an export)."""
-    from ..export_vllm import DEFAULT_PROMPT_LOOKUP, EXPORT_META, VllmExport, export_vllm
+    from specdiff.vllm.export import DEFAULT_PROMPT_LOOKUP, EXPORT_META, VllmExport, export_vllm
 
     lookup = DEFAULT_PROMPT_LOOKUP if prompt_lookup else None
     suffix = (f"lookup{lookup[0]}-{lookup[1]}" if lookup else "drafter-only") + (
@@ -121,7 +121,7 @@ def llm_config(cfg: VLLMAppConfig):
     """The ``ray.serve.llm.LLMConfig`` of the app."""
     from ray.serve.llm import LLMConfig
 
-    from ..dtypes import dtype_name, resolve_dtype
+    from specdiff.models.dtypes import dtype_name, resolve_dtype
 
     verifier_dir = default_verifier_path() if cfg.verifier == DEFAULT_VERIFIER else Path(resolve_model_path(
         cfg.verifier))
@@ -153,7 +153,7 @@ def llm_config(cfg: VLLMAppConfig):
 
 def _drafter_dir(drafter: str) -> Path:
     if drafter == DEFAULT_DRAFTER:
-        from .models import default_drafter_dir
+        from specdiff.serving.models import default_drafter_dir
 
         folder = default_drafter_dir()
         if not folder.is_dir():

@@ -23,8 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import machine_cache
-
+from specdiff.runtime import machine_cache
 ROWS = (1, 2, 4, 8, 12)  # row counts timed; a count between two timed ones follows the lower one, above: F.linear
 WIN = 0.9  # the transposed form must take at most this fraction of F.linear's time
 

@@ -18,8 +18,8 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from .dtypes import cpuinfo_value
-from .publish import write_text
+from specdiff.models.dtypes import cpuinfo_value
+from specdiff.lineage.publish import write_text
 
 T = TypeVar("T")
 

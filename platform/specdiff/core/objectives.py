@@ -49,7 +49,7 @@ def label_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
 
 # Rows of logits ``head_label_logprobs`` makes at once: ~32 MB of float32 whatever the vocabulary. Blocks under
 # glibc's 64 MB heap size are reused by a thread's own malloc arena (a Ray train worker's training thread); larger
-# ones are mmap'd and faulted in afresh every step (see ``specdiff.memory``).
+# ones are mmap'd and faulted in afresh every step (see ``specdiff.runtime.memory``).
 HEAD_CHUNK_BYTES = 32 * 2**20
 
 

@@ -36,10 +36,10 @@ from typing import Sequence
 
 import torch
 
-from . import machine_cache
-from . import rounds as R
-from .config import SamplingParams, SpecConfig
-from .drafter import DrafterUnavailable
+from specdiff.runtime import machine_cache
+from specdiff.core import rounds as R
+from specdiff.core.config import SamplingParams, SpecConfig
+from specdiff.models.drafter import DrafterUnavailable
 
 PLAIN = (0, 0)  # the policy's "take a plain step" choice: window 0
 CALIBRATION_VERSION = 2  # bump when ``calibrate`` measures something else: kept cost models are then measured again
@@ -111,10 +111,10 @@ def calibration_sizes(max_gamma: int, max_candidates: int) -> list[int]:
     γ = ``max_gamma``, K = ``max_candidates``.
 
     The points between 2 and 1 + γK matter: a CPU's cost per pass is far from linear in the nodes there. On a 2-core
-    AVX2 EPYC (float32, SmolLM2, few-row products from ``specdiff.kernels``, 200-token context) forwards over 1, 2,
+    AVX2 EPYC (float32, SmolLM2, few-row products from ``specdiff.models.kernels``, 200-token context) forwards over 1, 2,
     5, 9 and 13 nodes took about 60, 66, 75, 111 and 141 ms, 33 nodes 150-210 ms: flat to 5 nodes, then steep. Interpolated from 1, 2, 9 and 33 alone,
     5 nodes looked 15% dearer and 13 nodes 10% cheaper than they were; and a K=1 round with its copied candidate
-    (``specdiff.lookup``) scores about 1 + 1.6γ nodes, right where that error sits."""
+    (``specdiff.core.lookup``) scores about 1 + 1.6γ nodes, right where that error sits."""
     g = max_gamma
     return sorted({1, 2, 1 + max(g // 2, 1), 1 + g, 1 + g + g // 2, 1 + g * max_candidates})
 
@@ -360,7 +360,7 @@ class SpeculationPolicy:
     def plain_run(self, limit: int) -> int:
         """Right after ``choose()`` returned ``PLAIN``: how many plain steps in a row, this one included and at most
         ``limit``, it would choose before its next probe, all taken at once (a served session runs them in one call:
-        ``specdiff.engine``). Only rounds change its estimates, so those choices are already fixed."""
+        ``specdiff.core.engine``). Only rounds change its estimates, so those choices are already fixed."""
         interval = min(self._base_interval << min(self._fails, 20), self._max_interval)
         n = max(1, min(limit, interval - self._since_probe + 1))
         self._since_probe += n - 1

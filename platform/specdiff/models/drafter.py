@@ -20,8 +20,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
-from .config import DrafterConfig
-from .hf import HFModel
+from specdiff.core.config import DrafterConfig
+from specdiff.models.hf import HFModel
 
 DRAFTER_META = "specdiff_drafter.json"
 
@@ -362,7 +362,7 @@ def save_drafter(drafter: HFDiffusionDrafter, path: str | Path, **record) -> Pat
 
 def drafter_meta(path: str | Path) -> dict:
     """The JSON record of a drafter folder of either kind (drafter config or feature config, plus lineage)."""
-    from .feature_drafter import FEATURE_DRAFTER_META
+    from specdiff.models.feature_drafter import FEATURE_DRAFTER_META
 
     for name in (DRAFTER_META, FEATURE_DRAFTER_META):
         if (Path(path) / name).is_file():
@@ -374,7 +374,7 @@ def load_drafter(path: str | Path, *, dtype: torch.dtype | None = None, verifier
                  verifier_digest: str | None = None):
     """A drafter folder: a standalone diffusion drafter (``save_drafter``), or a feature drafter
     (``save_feature_drafter``), which reads ``verifier``'s hidden states, embeddings and head and so needs it."""
-    from .feature_drafter import is_feature_drafter, load_feature_drafter
+    from specdiff.models.feature_drafter import is_feature_drafter, load_feature_drafter
 
     path = Path(path)
     if is_feature_drafter(path):

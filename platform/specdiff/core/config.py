@@ -56,7 +56,7 @@ class SpecConfig:
     ``draft_temperature``, keep the best by expected accepted streak, verify it.
 
     ``gamma`` / ``num_candidates`` left at None (the default) are chosen round by round by the adaptive policy
-    (``specdiff.policy``) within ``max_gamma`` / ``max_candidates``; with ``gamma`` None it may also take plain
+    (``specdiff.core.policy``) within ``max_gamma`` / ``max_candidates``; with ``gamma`` None it may also take plain
     (verifier-only) steps when no speculation pays. An explicit integer is used as given, every round.
 
     ``acceptance``:
@@ -73,7 +73,7 @@ class SpecConfig:
     # temperature (so K=1 drafts the argmax). Measured: sampled-only candidates at T_d=1.5 lost most of a trained
     # feature drafter's acceptance. Ignored (False) with acceptance="speculative", which needs drawn candidates.
     include_argmax: bool = True
-    # Greedy acceptance: one more candidate copied from the context (``specdiff.lookup``: what followed the latest
+    # Greedy acceptance: one more candidate copied from the context (``specdiff.core.lookup``: what followed the latest
     # earlier occurrence of the context's longest suffix n-gram, 1 to ``lookup_ngram`` tokens), padded with the
     # argmax window where the copy is shorter than gamma. Self-selection keeps it only when it scores higher.
     # Ignored with acceptance="speculative".

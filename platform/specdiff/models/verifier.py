@@ -15,8 +15,8 @@ from typing import Protocol, Sequence
 
 import torch
 
-from .hf import HFModel, fold_gqa_attention
-from .tree import TokenTree
+from specdiff.models.hf import HFModel, fold_gqa_attention
+from specdiff.core.tree import TokenTree
 
 
 class VerifierSession(Protocol):
@@ -59,14 +59,14 @@ class HFVerifier:
     ``tap_layers``: decoder layers whose outputs each session keeps for every committed token (``features``), read
     from the same forward passes that score the trees: a feature drafter's context, at no extra verifier pass.
     ``tune_kernels``: on a CPU, time the two forms of a few-row linear product on the model's weights (once per
-    machine, kept in ``$SPECDIFF_HOME/kernels``) and use the faster one (``specdiff.kernels``)."""
+    machine, kept in ``$SPECDIFF_HOME/kernels``) and use the faster one (``specdiff.models.kernels``)."""
 
     def __init__(self, model: torch.nn.Module, *, max_context: int | None = None,
                  tap_layers: Sequence[int] | None = None, tune_kernels: bool = True):
-        self.small_rows: tuple[int, ...] = ()  # row counts that take the transposed product (specdiff.kernels)
+        self.small_rows: tuple[int, ...] = ()  # row counts that take the transposed product (specdiff.models.kernels)
         if tune_kernels:
-            from .kernels import tune_small_rows
-            from .models import state_dir
+            from specdiff.models.kernels import tune_small_rows
+            from specdiff.models.sources import state_dir
 
             self.small_rows = tune_small_rows(model, state_dir() / "kernels")
         fold_gqa_attention(model)  # tree passes without copying keys/values per query head (``hf._gqa_sdpa``)

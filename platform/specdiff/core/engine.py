@@ -4,7 +4,7 @@ One round: the drafter proposes marginals for a window of gamma positions (one p
 the draft temperature and merged into a trie; the verifier scores the trie in one pass (that pass is also the
 verification pass); the candidate with the highest expected streak is verified; the accepted tokens plus one
 recovered-or-bonus token are emitted and committed to the verifier's KV cache. The round is two halves
-(``specdiff.rounds``): drafting (marginals -> candidates) and verifying (trie -> selection -> acceptance -> commit),
+(``specdiff.core.rounds``): drafting (marginals -> candidates) and verifying (trie -> selection -> acceptance -> commit),
 each drawing from its own per-round stream derived from the decode's seed, so a served decode can run each half on
 the replica that holds its probabilities and still equal the in-process decode.
 
@@ -24,12 +24,12 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from . import rounds as R
-from .config import DecodeOptions, SamplingParams, SpecConfig
-from .drafter import Drafter, DrafterUnavailable
-from .policy import SpeculationCosts, SpeculationPolicy, cached_calibrate
-from .stats import DecodeStats
-from .verifier import Verifier, VerifierSession
+from specdiff.core import rounds as R
+from specdiff.core.config import DecodeOptions, SamplingParams, SpecConfig
+from specdiff.models.drafter import Drafter, DrafterUnavailable
+from specdiff.core.policy import SpeculationCosts, SpeculationPolicy, cached_calibrate
+from specdiff.core.stats import DecodeStats
+from specdiff.models.verifier import Verifier, VerifierSession
 
 
 @dataclass
@@ -290,7 +290,7 @@ class SpeculativeDecoder:
 
     def _rounds(self, prompt, stopper: Stopper, sampling, spec: SpecConfig, gen, stats: DecodeStats):
         policy: SpeculationPolicy | None = None
-        base = R.draw_base_seed(gen)  # every round's streams derive from it (specdiff.rounds)
+        base = R.draw_base_seed(gen)  # every round's streams derive from it (specdiff.core.rounds)
 
         runs: _Runs | None = None
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import sample, tempered
-from .tree import TokenTree
+from specdiff.core.sampling import sample, tempered
+from specdiff.core.tree import TokenTree
 
 
 def sample_candidates(

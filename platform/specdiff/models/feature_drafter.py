@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .llama import RMSNorm  # the verifier's norm (float32 statistics): the draft layers use the same
+from specdiff.models.llama import RMSNorm  # the verifier's norm (float32 statistics): the draft layers use the same
 
 FEATURE_DRAFTER_META = "specdiff_feature_drafter.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -357,9 +357,9 @@ class FeatureDrafter:
 
     def tune_kernels(self, cache_dir: Path | None = None) -> tuple[int, ...]:
         """Decoding on a CPU: time the two forms of the few-row products on the draft layers' weights (once per
-        machine, ``specdiff.kernels``) and use the faster one there and in the head. Training is unaffected
+        machine, ``specdiff.models.kernels``) and use the faster one there and in the head. Training is unaffected
         (products with gradients always take ``F.linear``)."""
-        from .kernels import tune_small_rows
+        from specdiff.models.kernels import tune_small_rows
 
         self.small_rows = tune_small_rows(self.model, cache_dir)
         return self.small_rows
@@ -369,7 +369,7 @@ class FeatureDrafter:
 
         As one 2-D product: a sliced N-D input (the mask rows of a block) sent torch 2.13's CPU bf16 matmul down a
         path 9x slower (measured: 4.7 vs 0.5 ms per round for 8 rows x 8192, and 79 vs 5 ms for the full head)."""
-        from .kernels import planned_linear
+        from specdiff.models.kernels import planned_linear
 
         w = self.head_weight
         flat = hidden.reshape(-1, hidden.shape[-1]).to(w.dtype)
@@ -524,7 +524,7 @@ def load_feature_drafter(path: str | Path, verifier: nn.Module, *, dtype: torch.
     record = {k: v for k, v in meta.items() if k not in ("kind", "config")}
     drafter = FeatureDrafter(model.to(dtype), embed, head, record=record)
     if tune_kernels:
-        from .models import state_dir
+        from specdiff.models.sources import state_dir
 
         drafter.tune_kernels(state_dir() / "kernels")
     return drafter

@@ -2,7 +2,7 @@
 Face folder (``config.json`` + safetensors), without importing transformers.
 
 Why: a cold ``python jobs/generate.py`` spent ~3.4 s importing transformers' modelling code and ~2.7 s in its
-tokenizer before the first token (2-core AVX2 EPYC); this module and ``specdiff.tokenizer`` load the same weights and
+tokenizer before the first token (2-core AVX2 EPYC); this module and ``specdiff.models.tokenizer`` load the same weights and
 vocabulary in well under a second. It computes what transformers' ``LlamaForCausalLM`` computes (same module tree
 and parameter names, so a checkpoint's state dict loads as-is and code that reads ``model.model.layers[i].mlp``
 keeps working): RMSNorm in float32, RoPE from float32 inverse frequencies, grouped-query attention through
@@ -87,7 +87,7 @@ def _linear(inputs: int, outputs: int) -> nn.Linear:
     """A bias-free ``nn.Linear`` with uninitialised weights (loaded next). Built without the meta device: a module
     initialised there imports torch._dynamo, 1.4-3 s of a cold start."""
     layer = _Unset(inputs, outputs, bias=False)
-    layer.__class__ = nn.Linear  # a plain Linear again (``specdiff.kernels`` swaps exact nn.Linear classes)
+    layer.__class__ = nn.Linear  # a plain Linear again (``specdiff.models.kernels`` swaps exact nn.Linear classes)
     return layer
 
 

@@ -10,7 +10,7 @@ import inspect
 
 import torch
 
-from .llama import folded_attention
+from specdiff.models.llama import folded_attention
 
 GQA_SDPA = "specdiff_gqa_sdpa"  # the attention implementation ``fold_gqa_attention`` switches a model to
 
@@ -71,7 +71,7 @@ class HFModel:
         self.device = next(model.parameters()).device
 
     def new_cache(self):
-        """An empty KV cache of the kind the model takes: its own (``specdiff.llama``) or transformers'
+        """An empty KV cache of the kind the model takes: its own (``specdiff.models.llama``) or transformers'
         ``DynamicCache``."""
         make = getattr(self.model, "new_cache", None)
         if make is not None:

@@ -1,7 +1,7 @@
 """vLLM plugin: the copied candidate beside our drafter inside vLLM's ``dflash`` method.
 
 Our engine scores two candidates per round, the drafter's window and one copied from the context
-(``specdiff.lookup``), and keeps the one the verifier prefers; on code the copy wins a quarter of the rounds. vLLM
+(``specdiff.core.lookup``), and keeps the one the verifier prefers; on code the copy wins a quarter of the rounds. vLLM
 verifies one chain per step, so here the choice is made before verification (``lookup.lookup_or_draft``): where the
 context's suffix n-gram occurred before, the step's draft is what followed it then, else the drafter's. Measured
 teacher-forced on held-out greedy trajectories (default drafter, window 4, n-grams 2 to 4): tokens per step code
@@ -23,7 +23,7 @@ Two savings on top (measured in docs/bench/vllm-lookup):
   probability of a sampled token, so the length never depends on the draw (lossless at T > 0). vLLM's scheduler
   takes variable-length drafts (as for n-gram) without async scheduling; with it the cut is off.
 
-How it is switched on: ``specdiff.export_vllm`` writes ``dflash_config.specdiff_prompt_lookup: {min_ngram,
+How it is switched on: ``specdiff.vllm.export`` writes ``dflash_config.specdiff_prompt_lookup: {min_ngram,
 max_ngram}`` into the export's config.json (``--no-prompt-lookup`` leaves it out). vLLM loads this plugin in every
 process through the entry point ``vllm.general_plugins`` (pyproject.toml; ``VLLM_PLUGINS`` filters plugins), and
 ``register`` rebinds ``DFlashProposer`` in vLLM's model runner (the CPU runner inherits it) to a subclass that
@@ -39,10 +39,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .export_vllm import CONFIDENCE_CONFIG_KEY as CONFIDENCE_KEY
-from .export_vllm import LOOKUP_CONFIG_KEY as CONFIG_KEY
-from .export_vllm import checked_confidence
-from .lookup import LOOKUP_WINDOW, lookup_continuation, spliced
+from specdiff.vllm.export import CONFIDENCE_CONFIG_KEY as CONFIDENCE_KEY
+from specdiff.vllm.export import LOOKUP_CONFIG_KEY as CONFIG_KEY
+from specdiff.vllm.export import checked_confidence
+from specdiff.core.lookup import LOOKUP_WINDOW, lookup_continuation, spliced
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def confidence_setting(hf_config: Any) -> float | None:
 
 def step_copies(histories: list[list[int] | None], k: int, min_ngram: int,
                 max_ngram: int) -> list[list[int] | None]:
-    """Each row's copied continuation of up to ``k`` tokens (``specdiff.lookup``): None where its context has no
+    """Each row's copied continuation of up to ``k`` tokens (``specdiff.core.lookup``): None where its context has no
     earlier occurrence of its suffix n-gram, or where it has no history (a partial prefill). One search per row per
     step: the skip (``full_copies``) and the splice (``splice_rows``) both read this list."""
     if k < 1:

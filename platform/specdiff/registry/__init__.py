@@ -5,7 +5,7 @@ Registered models, one pair of them per verifier *family* (e.g. ``tiny``)::
     specdiff-verifier-<family>  a version per verifier build. Tags: specdiff.digest (sha256 over config + weights,
                                 the digest the distillation job records), specdiff.tokenizer_digest, specdiff.source
     specdiff-drafter-<family>   a version per aligned drafter, tied to exactly ONE verifier version by its tags:
-                                specdiff.verifier.{model,version,digest}, specdiff.training.config_digest,
+                                specdiff.models.verifier.{model,version,digest}, specdiff.training.config_digest,
                                 specdiff.teacher.data_digest, and its held-out evaluation specdiff.eval.*
     alias ``production``        on the drafter model: the served pair (its verifier = the version in its tags);
                                 mirrored on the verifier model for the UI. Serving reads only the drafter alias.
@@ -40,7 +40,7 @@ from pathlib import Path
 import pydantic
 import yaml
 
-from .extras import missing_extra
+from specdiff.runtime.extras import missing_extra
 
 try:
     import mlflow
@@ -50,8 +50,8 @@ try:
 except ModuleNotFoundError as err:
     raise missing_extra("registry", "specdiff.registry (the MLflow registry)", err) from err
 
-from .models import state_dir
-from .publish import publishing
+from specdiff.models.sources import state_dir
+from specdiff.lineage.publish import publishing
 
 PRODUCTION = "production"
 _FLUENT_LOCK = threading.RLock()  # mlflow's module-level URIs are process-wide
@@ -141,8 +141,8 @@ class DrafterModel(mlflow.pyfunc.PythonModel):
     window of each (its signature comes from the type hints)."""
 
     def load_context(self, context):
-        from .drafter import load_drafter
-        from .feature_drafter import is_feature_drafter
+        from specdiff.models.drafter import load_drafter
+        from specdiff.models.feature_drafter import is_feature_drafter
 
         if is_feature_drafter(context.artifacts["drafter"]):
             # It reads its verifier's hidden states: load the pair with Registry.resolve_pair instead.
@@ -165,9 +165,9 @@ class VerifierModel(mlflow.pyfunc.PythonModel):
         self.model = AutoModelForCausalLM.from_pretrained(context.artifacts["verifier"]).eval()
 
     def predict(self, context, model_input: list[GenerateRequest], params: dict | None = None) -> list[list[int]]:
-        from .config import SamplingParams
-        from .engine import generate_plain
-        from .verifier import HFVerifier
+        from specdiff.core.config import SamplingParams
+        from specdiff.core.engine import generate_plain
+        from specdiff.models.verifier import HFVerifier
 
         verifier = HFVerifier(self.model)
         return [generate_plain(verifier, r.prompt_ids, max_new_tokens=r.max_new_tokens,
@@ -286,7 +286,7 @@ class Registry:
 
     def aligned(self, family: str, verifier_version: str) -> list[ModelVersion]:
         """Drafter versions distilled against exactly this verifier version."""
-        return self.tagged(DRAFTER_PREFIX + family, "specdiff.verifier.version", str(verifier_version))
+        return self.tagged(DRAFTER_PREFIX + family, "specdiff.models.verifier.version", str(verifier_version))
 
     def local_dir(self, version: ModelVersion) -> Path:
         """The weights folder of a model version, downloaded once into the state directory (versions are
@@ -306,7 +306,7 @@ class Registry:
 
     def register_verifier(self, family: str, path: str | Path, *, source: str | None = None) -> ModelVersion:
         """A new version of ``specdiff-verifier-<family>`` holding the folder's weights (and tokenizer)."""
-        from .distill.teacher import verifier_record
+        from specdiff.distill.teacher import verifier_record
 
         name = VERIFIER_PREFIX + family
         record = verifier_record(path, name)
@@ -325,9 +325,9 @@ class Registry:
 
         The drafter's own record (``specdiff_drafter.json``, written by the distillation job) must name the same
         verifier digest: a drafter is aligned only to the verifier it was distilled against."""
-        from .distill.evaluate import EvalResult, alpha_plot, evaluate_pair
-        from .distill.teacher import load_verifier_model
-        from .drafter import drafter_meta, load_drafter
+        from specdiff.distill.evaluate import EvalResult, alpha_plot, evaluate_pair
+        from specdiff.distill.teacher import load_verifier_model
+        from specdiff.models.drafter import drafter_meta, load_drafter
 
         meta = drafter_meta(drafter_dir)
         recorded = (meta.get("verifier") or {}).get("digest")
@@ -343,17 +343,17 @@ class Registry:
         tau = 1 + result.expected_streak
         version_tags = {
             "specdiff.role": "drafter",
-            "specdiff.verifier.model": verifier.name, "specdiff.verifier.version": str(verifier.version),
-            "specdiff.verifier.digest": digest,
+            "specdiff.models.verifier.model": verifier.name, "specdiff.models.verifier.version": str(verifier.version),
+            "specdiff.models.verifier.digest": digest,
             "specdiff.training.config_digest": config_digest, "specdiff.teacher.data_digest": data_digest or "unknown",
             "specdiff.eval.tau": f"{tau:.6f}", "specdiff.eval.expected_streak": f"{result.expected_streak:.6f}",
             "specdiff.eval.alpha": json.dumps([round(a, 6) for a in result.alpha]),
             "specdiff.eval.spec_digest": spec.digest(), "specdiff.eval.windows": str(result.windows),
-            "specdiff.drafter.kind": meta.get("kind", "diffusion"),
+            "specdiff.models.drafter.kind": meta.get("kind", "diffusion"),
             **(tags or {}),
         }
         if meta.get("kind") == "feature":  # it reads these verifier layers: re-alignment must keep or retrain them
-            version_tags["specdiff.drafter.tap_layers"] = json.dumps(meta["config"]["target_layer_ids"])
+            version_tags["specdiff.models.drafter.tap_layers"] = json.dumps(meta["config"]["target_layer_ids"])
         self._model(DRAFTER_PREFIX + family, "drafter", family)
 
         def log_eval():
@@ -392,9 +392,9 @@ class Registry:
         """The pair's τ on ``spec``: the registered figure when it was measured on the same test, else measured."""
         if drafter.tags.get("specdiff.eval.spec_digest") == spec.digest():
             return float(drafter.tags["specdiff.eval.tau"])
-        from .distill.evaluate import evaluate_pair
-        from .distill.teacher import load_verifier_model
-        from .drafter import load_drafter
+        from specdiff.distill.evaluate import evaluate_pair
+        from specdiff.distill.teacher import load_verifier_model
+        from specdiff.models.drafter import load_drafter
 
         pair = self.resolve_pair(model_uri(drafter))
         verifier_model = load_verifier_model(pair.verifier_dir)
@@ -418,8 +418,8 @@ class Registry:
         self.client.set_model_version_tag(candidate.name, candidate.version, "specdiff.promotion", reason)
         if ok:
             self.client.set_registered_model_alias(candidate.name, PRODUCTION, candidate.version)
-            self.client.set_registered_model_alias(candidate.tags["specdiff.verifier.model"], PRODUCTION,
-                                                   candidate.tags["specdiff.verifier.version"])
+            self.client.set_registered_model_alias(candidate.tags["specdiff.models.verifier.model"], PRODUCTION,
+                                                   candidate.tags["specdiff.models.verifier.version"])
         return ok, reason
 
     # -- serving ------------------------------------------------------------------------------------------------
@@ -428,16 +428,16 @@ class Registry:
         """A registered drafter (``models:/specdiff-drafter-<family>@production`` or ``/<version>``) and the
         verifier version it is aligned to, as local folders. ``verifier_dir`` overrides the verifier folder; its
         digest (like the downloaded one's) must be the one the drafter was distilled against."""
-        from .distill.teacher import verifier_record
+        from specdiff.distill.teacher import verifier_record
 
         drafter = self.get(drafter_uri)
-        if "specdiff.verifier.model" not in drafter.tags:
-            raise ValueError(f"{drafter_uri} ({drafter.name}/{drafter.version}) has no specdiff.verifier.* tags; "
+        if "specdiff.models.verifier.model" not in drafter.tags:
+            raise ValueError(f"{drafter_uri} ({drafter.name}/{drafter.version}) has no specdiff.models.verifier.* tags; "
                              "register drafters with Registry.register_drafter")
-        verifier = self.get(f"models:/{drafter.tags['specdiff.verifier.model']}/"
-                            f"{drafter.tags['specdiff.verifier.version']}")
+        verifier = self.get(f"models:/{drafter.tags['specdiff.models.verifier.model']}/"
+                            f"{drafter.tags['specdiff.models.verifier.version']}")
         folder = Path(verifier_dir) if verifier_dir is not None else self.local_dir(verifier)
-        expected, actual = drafter.tags["specdiff.verifier.digest"], verifier_record(folder).digest
+        expected, actual = drafter.tags["specdiff.models.verifier.digest"], verifier_record(folder).digest
         if actual != expected:
             raise ValueError(
                 f"verifier digest mismatch: drafter {drafter.name}/{drafter.version} is aligned to "
@@ -456,7 +456,7 @@ class Registry:
             return self.client.create_experiment(
                 name, artifact_location=f"{root}/{_slug(name)}" if root else None,
                 tags={"specdiff.claim.owner": owner, "specdiff.claim.time": f"{time.time():.0f}",
-                      "specdiff.realign.status": "claimed"})
+                      "specdiff.lifecycle.realign.status": "claimed"})
         except MlflowException as err:
             if err.error_code == "RESOURCE_ALREADY_EXISTS":
                 return None
@@ -471,8 +471,8 @@ class Registry:
         """State of a re-alignment: on its claim experiment and, for the UI, on the verifier version."""
         found = self.client.get_experiment_by_name(claim_name(family, verifier_version))
         for key, value in tags.items():
-            self.client.set_experiment_tag(found.experiment_id, f"specdiff.realign.{key}", str(value))
-            self.client.set_model_version_tag(VERIFIER_PREFIX + family, verifier_version, f"specdiff.realign.{key}",
+            self.client.set_experiment_tag(found.experiment_id, f"specdiff.lifecycle.realign.{key}", str(value))
+            self.client.set_model_version_tag(VERIFIER_PREFIX + family, verifier_version, f"specdiff.lifecycle.realign.{key}",
                                               str(value)[:5000])
 
 

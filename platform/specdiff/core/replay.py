@@ -24,10 +24,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from .config import DecodeOptions, SamplingParams, SpecConfig
-from .engine import SpeculativeDecoder, generate_plain
-from .policy import SpeculationCosts, SpeculationPolicy
-from .stats import DecodeStats
+from specdiff.core.config import DecodeOptions, SamplingParams, SpecConfig
+from specdiff.core.engine import SpeculativeDecoder, generate_plain
+from specdiff.core.policy import SpeculationCosts, SpeculationPolicy
+from specdiff.core.stats import DecodeStats
 
 
 @dataclass(frozen=True)

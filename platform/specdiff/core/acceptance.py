@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import sample
+from specdiff.core.sampling import sample
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@
     register the new drafter (lineage     <-  SUCCEEDED: the drafter folder in ``run.output_dir``
     tags, held-out τ / α_j), promote it if τ >= the production pair's τ on the same held-out prompts
 
-Every step is recorded as ``specdiff.realign.*`` tags on the claim experiment and on the verifier version, so the
+Every step is recorded as ``specdiff.lifecycle.realign.*`` tags on the claim experiment and on the verifier version, so the
 MLflow UI shows where a re-alignment stands and why a drafter was or was not promoted. Each attempt's Ray
 submission id is deterministic (``realign-<family>-v<version>-a<attempt>``): Ray refuses a second job with the same
 id, a second guard behind the claim.
@@ -28,16 +28,16 @@ from typing import Callable, Protocol
 
 import yaml
 
-from .distill.config import load_config
-from .distill.evaluate import HeldoutSpec
-from .distill.job import absolutize
-from .extras import require
-from .models import state_dir
-from .ray_auth import auth_headers, refused_message
-from .registry import VERIFIER_PREFIX, Registry, claim_name, config_digests, model_uri
+from specdiff.distill.config import load_config
+from specdiff.distill.evaluate import HeldoutSpec
+from specdiff.distill.job import absolutize
+from specdiff.runtime.extras import require
+from specdiff.models.sources import state_dir
+from specdiff.runtime.ray_auth import auth_headers, refused_message
+from specdiff.registry import VERIFIER_PREFIX, Registry, claim_name, config_digests, model_uri
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-DISTILL_SCRIPT = Path(__file__).resolve().parents[2] / "jobs" / "distill.py"  # this checkout's CLI
+DISTILL_SCRIPT = Path(__file__).resolve().parents[3] / "jobs" / "distill.py"  # this checkout's CLI
 
 
 class Jobs(Protocol):
@@ -125,7 +125,7 @@ class Realigner:
         state = self.registry.claim_state(family, version)
         if state is not None:
             self.log(f"[realign] {latest.name}/{version} is claimed by {state.get('specdiff.claim.owner')} "
-                     f"(status {state.get('specdiff.realign.status')})")
+                     f"(status {state.get('specdiff.lifecycle.realign.status')})")
             return None
         return latest
 
@@ -186,7 +186,7 @@ class Realigner:
         drafter = self.registry.register_drafter(
             family, output, verifier, self.spec, config_digest=cfg_digest, data_digest=data_digest,
             experiment=claim_name(family, version),
-            tags={"specdiff.realign.job": submitted[-1], "specdiff.warm_start": model_uri(warm) if warm else "none"})
+            tags={"specdiff.lifecycle.realign.job": submitted[-1], "specdiff.warm_start": model_uri(warm) if warm else "none"})
         self.log(f"[realign] registered {drafter.name}/{drafter.version}: tau {drafter.tags['specdiff.eval.tau']}")
         ok, reason = self.registry.promote(family, drafter, self.spec)
         self.log(f"[realign] {reason}")

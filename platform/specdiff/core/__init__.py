@@ -1,0 +1,1 @@
+"""The decode core, pure torch: the decode loop, one round cut into its drafting and verifying halves, the adaptive policy, self-selection, acceptance, the candidate trie, stats and configuration. Tensors in, tensors out."""

@@ -1,0 +1,1 @@
+"""Lifecycle: the stages that use the adapters (re-alignment: a new verifier version gets an aligned drafter)."""

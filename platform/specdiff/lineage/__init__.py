@@ -1,0 +1,1 @@
+"""Lineage: plain records written beside artefacts (atomic publication of files and folders)."""

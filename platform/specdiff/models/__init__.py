@@ -1,0 +1,1 @@
+"""Models: the verifier (lean Llama forward or transformers), the diffusion drafters, the tokenizer, model sources (the embedded default, Hugging Face ids, local folders), dtypes and few-row kernels."""
