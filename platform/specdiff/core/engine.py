@@ -197,13 +197,18 @@ def _decode_loop(
     t0 = time.perf_counter()
     session = verifier.start(prompt)
     stats.prefill_s += time.perf_counter() - t0
-    while stopper.finish_reason is None:
-        room = _room(session, verifier.max_context)
-        if room <= 0:
-            return
-        out = stopper.push(step(session, room))
-        if out:
-            yield out
+    try:
+        while stopper.finish_reason is None:
+            room = _room(session, verifier.max_context)
+            if room <= 0:
+                return
+            out = stopper.push(step(session, room))
+            if out:
+                yield out
+    finally:
+        close = getattr(session, "close", None)  # a batched session leaves its replica's batch steps
+        if close is not None:
+            close()
 
 
 class SpeculativeDecoder:

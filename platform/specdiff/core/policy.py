@@ -140,6 +140,15 @@ def calibrate(drafter, verifier, prompt: Sequence[int], max_gamma: int, max_cand
         room = verifier.max_context - sizes[-1] - (repeats + 1) * sum(deepest) - 1
         prompt = prompt[-max(room, 1):]
     session = verifier.start(prompt)
+    try:
+        return _calibrate(drafter, verifier, session, sizes, max_gamma, max_candidates, repeats)
+    finally:
+        close = getattr(session, "close", None)
+        if close is not None:
+            close()
+
+
+def _calibrate(drafter, verifier, session, sizes, max_gamma, max_candidates, repeats) -> SpeculationCosts:
     rounds = R.rounds_of(session)  # in-process, or on a verifier replica (a served session)
     vocab = verifier.vocab_size
 

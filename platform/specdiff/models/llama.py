@@ -180,6 +180,22 @@ class Attention(nn.Module):
         out = attend(q, k, v, mask, self.scaling)
         return self.o_proj(out.transpose(1, 2).reshape(batch, rows, self.num_heads * self.head_dim))
 
+    def forward_ragged(self, x, cos, sin, spans, masks, caches) -> torch.Tensor:
+        """Several sequences' rows in one [1, R, H] block (``spans``: each one's (start, end) rows): the projections
+        run once over all rows, attention per sequence against its own cache and mask."""
+        _, rows, _ = x.shape
+        q = self.q_proj(x).view(1, rows, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(1, rows, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(1, rows, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        outs = []
+        for (a, b), mask, cache in zip(spans, masks, caches):
+            ki, vi = cache.update(self.layer, k[:, :, a:b].contiguous(), v[:, :, a:b].contiguous())
+            outs.append(attend(q[:, :, a:b], ki, vi, mask, self.scaling))
+        out = torch.cat(outs, 2) if len(outs) > 1 else outs[0]  # [1, H, R, D]
+        return self.o_proj(out.transpose(1, 2).reshape(1, rows, self.num_heads * self.head_dim))
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, c: LlamaConfig, layer: int):
@@ -191,6 +207,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, mask, cache):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_ragged(self, x, cos, sin, spans, masks, caches):
+        x = x + self.self_attn.forward_ragged(self.input_layernorm(x), cos, sin, spans, masks, caches)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -268,6 +288,61 @@ class LlamaCausalLM(nn.Module):
         return Output(logits=self.lm_head(keep), hidden_states=tuple(hidden) if hidden is not None else None,
                       past_key_values=cache)
 
+    @torch.no_grad()
+    def forward_ragged(self, pieces: list[Piece], taps: tuple[int, ...] | None = None
+                       ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """One forward over several sequences, each with its own KV cache (continuous batching: a batch step of
+        many sessions). Every piece's rows are laid end to end in one [1, R, H] block, so the linear layers and the
+        LM head run once over all of them; attention runs per piece against its own cache and mask, so no sequence
+        sees another. Per piece: (logits [last or S, V], tapped states [S, len(taps) * H] or None) -- what
+        ``forward`` returns for that piece alone, up to the rounding of a product over more rows."""
+        device = self.device
+        ids = torch.cat([p.input_ids for p in pieces]).to(device)[None]  # [1, R]
+        positions = []
+        for p in pieces:
+            if p.position_ids is not None:
+                positions.append(p.position_ids.reshape(-1))
+            else:
+                start = p.cache.get_seq_length()
+                positions.append(torch.arange(start, start + len(p.input_ids)))
+        position_ids = torch.cat(positions).to(device)[None]  # [1, R]
+        spans, start = [], 0
+        for p in pieces:
+            spans.append((start, start + len(p.input_ids)))
+            start += len(p.input_ids)
+        x = self.model.embed_tokens(ids)
+        freqs = position_ids[..., None].float() * self.model.inv_freq
+        angles = torch.cat((freqs, freqs), -1)
+        cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
+        masks = [None if p.mask is None else p.mask.to(device, x.dtype) for p in pieces]
+        caches = [p.cache for p in pieces]
+        hidden = [x] if taps else None
+        for layer in self.model.layers:
+            x = layer.forward_ragged(x, cos, sin, spans, masks, caches)
+            if hidden is not None:
+                hidden.append(x)
+        x = self.model.norm(x)
+        if hidden is not None:
+            hidden[-1] = x
+        keep = [(b - p.last if p.last else a, b) for p, (a, b) in zip(pieces, spans)]
+        rows = torch.cat([torch.arange(a, b) for a, b in keep]).to(device)
+        logits = self.lm_head(x[0, rows])  # [kept rows, V]
+        feats = torch.cat([hidden[i + 1] for i in taps], -1)[0] if taps else None  # [R, taps * H]
+        out, at = [], 0
+        for (a, b), (ka, kb) in zip(spans, keep):
+            out.append((logits[at : at + kb - ka], None if feats is None else feats[a:b]))
+            at += kb - ka
+        return out
+
+
+class Piece(SimpleNamespace):
+    """One sequence's share of a ``forward_ragged`` batch: ``input_ids`` [S] long; ``position_ids`` [S] or None
+    (following its cache); ``mask`` additive [1, 1, S, cached + S] or None (causal); ``cache`` (a ``KVCache``,
+    extended in place); ``last``: logits for the last ``last`` rows only (None or 0: every row)."""
+
+    def __init__(self, input_ids, cache, *, position_ids=None, mask=None, last=None):
+        super().__init__(input_ids=input_ids, cache=cache, position_ids=position_ids, mask=mask, last=last)
+
 
 def _read_state(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
@@ -313,4 +388,4 @@ def load_llama(path: str | Path, dtype: torch.dtype = torch.float32) -> LlamaCau
     return model.eval()
 
 
-__all__ = ["KVCache", "LlamaCausalLM", "LlamaConfig", "load_llama", "unsupported_reason"]
+__all__ = ["KVCache", "LlamaCausalLM", "LlamaConfig", "Piece", "load_llama", "unsupported_reason"]
