@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from specdiff.core.policy import Load
 from specdiff.models.llama import Piece
 from specdiff.models.verifier import HFVerifier, HFVerifierSession, check_prompt
 
@@ -70,6 +71,7 @@ class StepBatcher:
         self._next_member = 0
         self._busy = False
         self._last_arrival = 0.0
+        self._last_end = 0.0
         self.last_step: StepRecord | None = None
         self.steps = 0
 
@@ -128,8 +130,13 @@ class StepBatcher:
         waiting = sum(1 for r in self._pending if r.member is not None)
         if waiting >= len(self._members) or any(r.member is None for r in self._pending):
             return 0.0
+        # Waits count from the end of the last step too: the sessions of the step that just ended need a moment to
+        # come back, and a request that arrived during that step must not fire a step of its own meanwhile (a
+        # replica would then alternate between two half batches). Stragglers get a tenth of a step's time.
+        gap = max(self.max_wait_s, 0.1 * self.last_step.seconds) if self.last_step is not None else self.max_wait_s
+        start = max(self._pending[0].arrived, self._last_end)
         now = time.perf_counter()
-        return min(self._last_arrival + self.max_wait_s, self._pending[0].arrived + self.max_delay_s) - now
+        return min(max(self._last_arrival, self._last_end) + gap, start + self.max_delay_s) - now
 
     def _step(self) -> None:
         """Take a step's requests and run them, releasing the lock meanwhile (called with it held)."""
@@ -147,6 +154,7 @@ class StepBatcher:
             seconds = time.perf_counter() - t0
             self._cond.acquire()
             self._busy = False
+            self._last_end = time.perf_counter()
             self.steps += 1
             self.last_step = StepRecord(len(batch), rows, seconds)
             for req in batch:
@@ -268,6 +276,10 @@ class BatchedSession(HFVerifierSession):
         logits, features = self.batcher.submit(_Pass(piece, self.taps), tree.num_nodes, member=self.member,
                                                expected=self.expected)
         return self.scored(tree, logits, features)
+
+    def load(self) -> Load:
+        """The other sessions' share of the next step (``SpeculationPolicy.rates``)."""
+        return Load(*self.batcher.others(self.member))
 
     def close(self) -> None:
         if self.member is not None:
