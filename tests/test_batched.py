@@ -180,3 +180,31 @@ def test_step_rows_are_capped():
     [t.start() for t in threads]
     [t.join(timeout=10) for t in threads]
     assert sizes and max(sizes) == 1  # 6 + 6 rows exceed the cap: one request per step
+
+
+def test_decoder_replica_batches_its_decodes_and_a_client_that_leaves_frees_its_place(lean):
+    from specdiff import DecodeOptions
+    from specdiff.serving.servers import DecodeServer
+
+    drafter = OracleDrafter(lean, confidence=0.6)
+    server = DecodeServer((HFVerifier(lean, tune_kernels=False), drafter), max_decodes=8)
+    assert server.info()["batching"]
+    options = DecodeOptions(max_new_tokens=20, spec=SpecConfig(gamma=3, num_candidates=2), seed=0)
+    alone = [SpeculativeDecoder(drafter, server.verifier).generate(p, options).tokens for p in PROMPTS]
+    out = [None] * len(PROMPTS)
+
+    def run(i):
+        out[i] = [t for tokens, _ in server.stream(PROMPTS[i], options) for t in tokens]
+
+    leaving = server.stream(PROMPTS[0], options)  # a client that reads one round, then goes away
+    next(leaving)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    [t.start() for t in threads]
+    time.sleep(0.05)
+    leaving.close()  # between rounds: its session leaves the batch; the others must not wait for it
+    [t.join(timeout=120) for t in threads]
+    assert out == alone
+    assert server.batched.batcher.members == 0 and server.load() == 0
+    with pytest.raises(ValueError, match="token ids"):  # a bad prompt is refused before it joins any step
+        list(server.stream([10**6], options))
+    assert server.batched.batcher.members == 0

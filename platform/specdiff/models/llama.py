@@ -57,25 +57,75 @@ def unsupported_reason(config: dict) -> str | None:
     return None
 
 
+class _CacheLayer:
+    """One layer's keys and values in buffers with room to grow: ``keys`` / ``values`` are views of the first
+    ``length`` positions. Appending writes after them (no copy of the cached positions, which ``torch.cat`` made at
+    every step: a step's cost grew with the context), and assigning a prefix view (the verifier's commit dropping
+    a tree's rejected nodes) only shortens ``length``. Assigning any other tensor adopts it."""
+
+    __slots__ = ("_k", "_v", "length")
+
+    def __init__(self):
+        self._k = self._v = None
+        self.length = 0
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self._k is None else self._k[..., : self.length, :]
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[..., : self.length, :]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self._k = self._adopt(self._k, value)
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._v = self._adopt(self._v, value)
+
+    def _adopt(self, buffer: torch.Tensor | None, value: torch.Tensor | None) -> torch.Tensor | None:
+        if value is None:
+            self.length = 0
+            return None
+        if (buffer is not None and value.data_ptr() == buffer.data_ptr() and value.stride() == buffer.stride()
+                and value.shape[:-2] == buffer.shape[:-2] and value.shape[-2] <= buffer.shape[-2]):
+            self.length = int(value.shape[-2])  # a prefix of the buffer: keep the room after it
+            return buffer
+        self.length = int(value.shape[-2])
+        return value.contiguous()
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        new = int(keys.shape[-2])
+        end = self.length + new
+        if self._k is None or end > self._k.shape[-2] or keys.shape[:-2] != self._k.shape[:-2]:
+            room = max(end + end // 2, 16) if self._k is not None else max(end + 64, 16)
+            grown_k = keys.new_empty(*keys.shape[:-2], room, keys.shape[-1])
+            grown_v = values.new_empty(*values.shape[:-2], room, values.shape[-1])
+            if self._k is not None and self.length:
+                grown_k[..., : self.length, :] = self._k[..., : self.length, :]
+                grown_v[..., : self.length, :] = self._v[..., : self.length, :]
+            self._k, self._v = grown_k, grown_v
+        self._k[..., self.length : end, :] = keys
+        self._v[..., self.length : end, :] = values
+        self.length = end
+        return self.keys, self.values
+
+
 class KVCache:
     """Keys and values per layer ([B, kv_heads, T, head_dim] each), laid out like transformers' ``DynamicCache``
-    (``layers[i].keys`` / ``.values``, ``get_seq_length()``), so the verifier's commit works on either."""
+    (``layers[i].keys`` / ``.values``, ``get_seq_length()``), so the verifier's commit works on either. Each layer
+    keeps room to grow (``_CacheLayer``)."""
 
     def __init__(self, num_layers: int):
-        self.layers = [SimpleNamespace(keys=None, values=None) for _ in range(num_layers)]
+        self.layers = [_CacheLayer() for _ in range(num_layers)]
 
     def get_seq_length(self) -> int:
-        keys = self.layers[0].keys if self.layers else None
-        return 0 if keys is None else int(keys.shape[-2])
+        return self.layers[0].length if self.layers else 0
 
     def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        entry = self.layers[layer]
-        if entry.keys is None:
-            entry.keys, entry.values = keys, values
-        else:
-            entry.keys = torch.cat([entry.keys, keys], -2)
-            entry.values = torch.cat([entry.values, values], -2)
-        return entry.keys, entry.values
+        return self.layers[layer].append(keys, values)
 
 
 class _Unset(nn.Linear):
@@ -191,7 +241,7 @@ class Attention(nn.Module):
         k = k * cos + _rotate_half(k) * sin
         outs = []
         for (a, b), mask, cache in zip(spans, masks, caches):
-            ki, vi = cache.update(self.layer, k[:, :, a:b].contiguous(), v[:, :, a:b].contiguous())
+            ki, vi = cache.update(self.layer, k[:, :, a:b], v[:, :, a:b])
             outs.append(attend(q[:, :, a:b], ki, vi, mask, self.scaling))
         out = torch.cat(outs, 2) if len(outs) > 1 else outs[0]  # [1, H, R, D]
         return self.o_proj(out.transpose(1, 2).reshape(1, rows, self.num_heads * self.head_dim))

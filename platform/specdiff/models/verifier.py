@@ -124,14 +124,17 @@ class HFVerifierSession:
         """Tokens held in the KV cache (all but the pending one, between rounds)."""
         return self.cache.get_seq_length()
 
-    def tree_inputs(self, tree: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pass that scores ``tree``: (additive mask [1, 1, N+1, cached + N+1], position ids [N+1])."""
+    def tree_inputs(self, tree: TokenTree) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The pass that scores ``tree``: (additive mask [1, 1, N+1, cached + N+1], position ids [N+1]). A lone
+        root (a plain step) sees every cached position: no mask (attention without one takes a faster path)."""
         if int(tree.tokens[0]) != self.tokens[-1]:
             raise ValueError(f"tree root must be the pending token {self.tokens[-1]}, got {int(tree.tokens[0])}")
         if self._scored is not None:
             raise RuntimeError("score() called twice without commit(); the cache holds the previous tree")
         prefix = self.cached
         n = tree.num_nodes
+        if n == 1:
+            return None, prefix + tree.depth
         allowed = torch.ones(1, n, prefix + n, dtype=torch.bool)
         allowed[0, :, prefix:] = tree.attention_mask()
         return self.hf.additive_mask(allowed), prefix + tree.depth
