@@ -419,13 +419,21 @@ def load_llama(path: str | Path, dtype: torch.dtype = torch.float32) -> LlamaCau
     raw = json.loads(config_file.read_text())
     if unsupported_reason(raw) is not None:
         return None
+    return from_state(raw, _read_state(folder), dtype, where=str(folder))
+
+
+def from_state(raw: dict, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, *,
+               where: str = "the weights") -> LlamaCausalLM:
+    """A ``LlamaCausalLM`` from a ``config.json``-shaped dict and a transformers-named state dict (a checkpoint's,
+    or a transformers model's ``state_dict()``), in ``dtype``, eval mode."""
+    raw = dict(raw)
     if "rope_theta" in raw:  # older config.json: a top-level rope_theta (the property reads it from here)
         raw["_rope_theta"] = raw.pop("rope_theta")
     raw.setdefault("num_key_value_heads", raw["num_attention_heads"])
     raw.setdefault("rms_norm_eps", 1e-6)
     config = LlamaConfig(**raw)
     model = LlamaCausalLM(config)
-    state = {k: v.to(dtype) for k, v in _read_state(folder).items()}
+    state = {k: v.to(dtype) for k, v in state.items()}
     if getattr(config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
@@ -433,7 +441,7 @@ def load_llama(path: str | Path, dtype: torch.dtype = torch.float32) -> LlamaCau
         model.lm_head.weight = model.model.embed_tokens.weight
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
-        raise ValueError(f"{folder}: weights do not match its config.json (missing {missing[:3]}, "
+        raise ValueError(f"{where}: weights do not match its config.json (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
     return model.eval()
 
