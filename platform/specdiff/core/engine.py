@@ -317,7 +317,7 @@ class SpeculativeDecoder:
             if policy is None:
                 window, k = spec.gamma, spec.num_candidates
             else:
-                load = session.load() if hasattr(session, "load") else None
+                load = session.batch_load() if hasattr(session, "batch_load") else None
                 window, k = policy.choose(load)
                 if load is not None:
                     session.expected = policy.expected((window, k))

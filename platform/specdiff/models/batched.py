@@ -277,7 +277,7 @@ class BatchedSession(HFVerifierSession):
                                                expected=self.expected)
         return self.scored(tree, logits, features)
 
-    def load(self) -> Load:
+    def batch_load(self) -> Load:
         """The other sessions' share of the next step (``SpeculationPolicy.rates``)."""
         return Load(*self.batcher.others(self.member))
 
