@@ -208,3 +208,27 @@ def test_decoder_replica_batches_its_decodes_and_a_client_that_leaves_frees_its_
     with pytest.raises(ValueError, match="token ids"):  # a bad prompt is refused before it joins any step
         list(server.stream([10**6], options))
     assert server.batched.batcher.members == 0
+
+
+def test_verifier_replica_batches_concurrent_calls_per_call(lean):
+    """Split placement: a Verifier replica's concurrent verify calls share steps; each returns what it returns alone."""
+    from specdiff.core import rounds
+    from specdiff.serving.servers import VerifierServer
+    from specdiff.serving.wire import TokenSync
+
+    plain = VerifierServer(HFVerifier(lean, tune_kernels=False))
+    batched = VerifierServer(HFVerifier(lean, tune_kernels=False), batching=True)
+    assert batched.info()["batching"] and not plain.info()["batching"]
+    spec = SpecConfig(gamma=3, num_candidates=2)
+    drafts = [rounds.Draft(torch.tensor([[1, 2, 3], [4, 5, 6]]) + i) for i in range(len(PROMPTS))]
+
+    def call(server, i):
+        return server.verify(f"s{i}", TokenSync.of(PROMPTS[i], full=True), drafts[i], SamplingParams(), spec, i)
+
+    want = [call(plain, i).outcome.tokens for i in range(len(PROMPTS))]
+    out = [None] * len(PROMPTS)
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, call(batched, i))) for i in range(len(PROMPTS))]
+    [t.start() for t in threads]
+    [t.join(timeout=60) for t in threads]
+    assert [o.outcome.tokens for o in out] == want
+    assert batched.verifier.batcher.steps <= 2 * len(PROMPTS)  # a prefill and a tree each, some shared

@@ -202,10 +202,16 @@ class _Pass:
 
 class BatchedVerifier:
     """An ``HFVerifier`` whose sessions share one ``StepBatcher``: ``start`` as ``HFVerifier.start``; the sessions'
-    passes run batched. ``without_taps()`` shares the batcher (plain decodes batch with speculative ones)."""
+    passes run batched. ``without_taps()`` shares the batcher (plain decodes batch with speculative ones).
 
-    def __init__(self, verifier: HFVerifier, *, batcher: StepBatcher | None = None, **batcher_options):
+    ``per_call``: the sessions are not members of the steps between their passes (a Verifier replica of split
+    placement, whose sessions live across network round trips and an LRU): a pass then fires a step at once when
+    none is running, and the passes that arrive while one runs share the next."""
+
+    def __init__(self, verifier: HFVerifier, *, batcher: StepBatcher | None = None, per_call: bool = False,
+                 **batcher_options):
         self.verifier = verifier
+        self.per_call = per_call
         self.vocab_size = verifier.vocab_size
         self.max_context = verifier.max_context
         self.tap_layers = verifier.tap_layers
@@ -224,7 +230,7 @@ class BatchedVerifier:
     def without_taps(self) -> BatchedVerifier:
         if self.tap_layers is None:
             return self
-        return BatchedVerifier(self.verifier.without_taps(), batcher=self.batcher)
+        return BatchedVerifier(self.verifier.without_taps(), batcher=self.batcher, per_call=self.per_call)
 
     def start(self, prompt: Sequence[int]) -> BatchedSession:
         return BatchedSession(self, check_prompt(prompt, self.max_context, self.vocab_size))
@@ -258,7 +264,7 @@ class BatchedSession(HFVerifierSession):
     def __init__(self, owner: BatchedVerifier, prompt: list[int]):
         super().__init__(owner.verifier, prompt, prefill=False)
         self.batcher = owner.batcher
-        self.member = self.batcher.join()
+        self.member = None if owner.per_call else self.batcher.join()
         self.expected = 1.0  # the tokens this session's next pass is expected to emit (the adaptive policy sets it)
         try:
             if len(prompt) > 1:  # prefill everything but the pending token: one piece of a step

@@ -133,6 +133,7 @@ class VerifierDeployment(_FollowsPair, VerifierServer):
             max_sessions=options.max_sessions,
             kv_cache_budget_mb=options.kv_cache_budget_mb,
             feature_dtype=options.feature_dtype,
+            batching=options.batching,
         )
         self._follow(models, label, load_verifier)
 

@@ -209,9 +209,10 @@ class VerifierOptions(PoolOptions):
         "float16", description="Feature drafter: dtype of the tapped features sent to the drafter (2 bytes per "
         "number; float32 makes the served drafts bit-identical to an in-process decode's)."
     )
-    batching: bool = Field(True, description="Colocated (Decoder replicas): the decodes in flight on a replica "
-                           "share batch steps, every session's verifier pass in one forward per step "
-                           "(specdiff.models.batched). false: one forward per session and pass.")
+    batching: bool = Field(True, description="The lean forward's passes share batch steps "
+                           "(specdiff.models.batched): a Decoder replica runs every decode's next verifier pass in "
+                           "one forward per step; a Verifier replica (split placement) the calls in flight. false: "
+                           "one forward per session and pass.")
     max_batch_rows: int = Field(4096, ge=1, description="Colocated batching: most rows (tree nodes, prompt tokens) "
                                 "in one batch step; a longer prefill runs in a step of its own.")
     batch_wait_ms: float = Field(3.0, ge=0, description="Colocated batching: how long a step waits for sessions "

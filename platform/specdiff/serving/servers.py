@@ -235,8 +235,10 @@ class VerifierServer:
         kv_cache_budget_mb: float = 2048,
         feature_dtype: str = "float16",
         load_window_s: float = 1.0,
+        batching: bool = False,
     ):
-        self.verifier: Verifier = _build(verifier, "start")
+        self.batching = batching
+        self.verifier: Verifier = self._batched(_build(verifier, "start"))
         self.load_window_s = load_window_s
         self._seen: dict[str, float] = {}  # session id -> when its last call began (``load``)
         self.feature_dtype = feature_dtype  # of the tapped features sent back (specdiff.serving.wire)
@@ -250,13 +252,25 @@ class VerifierServer:
         self.pair: str | None = None  # the registered pair served, when it comes from the registry
         self.generation = 0
 
+    def _batched(self, verifier: Verifier) -> Verifier:
+        """``batching``: concurrent calls' passes share batch steps (``specdiff.models.batched``, per call: a pass
+        that finds no step running starts one; those arriving meanwhile share the next). The lean forward only."""
+        from specdiff.models.batched import BatchedVerifier
+        from specdiff.models.verifier import HFVerifier
+
+        if self.batching and isinstance(verifier, HFVerifier) and hasattr(verifier.model, "forward_ragged"):
+            return BatchedVerifier(verifier, per_call=True)
+        return verifier
+
     def info(self) -> dict:
         return {"vocab_size": self.verifier.vocab_size, "max_context": self.verifier.max_context, "pair": self.pair,
-                "tap_layers": getattr(self.verifier, "tap_layers", None)}
+                "tap_layers": getattr(self.verifier, "tap_layers", None),
+                "batching": hasattr(self.verifier, "batcher")}
 
     def swap(self, verifier: Verifier, pair: str | None = None) -> None:
         """Score with ``verifier`` from now on (a promoted pair). Every KV cache belongs to the old model, so all
         sessions are dropped; their next call recomputes its prefix on the new verifier."""
+        verifier = self._batched(verifier)
         if verifier.vocab_size != self.verifier.vocab_size:
             raise ValueError(f"verifier vocab_size must stay {self.verifier.vocab_size} across a swap, got "
                              f"{verifier.vocab_size}")
