@@ -29,6 +29,14 @@ HOME: dict[str, tuple[str, ...]] = {
     "specdiff.serving.vllm_app": ("serve", "vllm-cpu"),  # Ray Serve LLM runs vLLM
     "specdiff.registry": ("registry",),
     "specdiff.lifecycle.realign": ("train", "registry"),
+    "specdiff.lifecycle.build": ("train", "registry"),  # the default drafter's recipe: distill, then register
+    "specdiff.cli": ("hf",),  # argparse, and the decode path's imports (generate: the core and transformers)
+    "specdiff.cli.build": ("train", "registry"),
+    "specdiff.cli.bench": ("all",),  # bench rows of every kind, MLflow logging
+    "specdiff.cli.distill": ("train",),
+    "specdiff.cli.registry": ("registry", "train"),
+    "specdiff.cli.realign": ("train", "registry"),
+    "specdiff.cli.ui": ("registry",),
     "specdiff.vllm.plugin": ("vllm-cpu",),  # loaded by vLLM, inside vLLM's virtualenv
     "jobs": ("all",),
     "jobs.bench_vllm": ("all", "vllm-cpu"),

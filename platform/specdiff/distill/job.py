@@ -53,6 +53,14 @@ class DistillSummary:
     # dropped_empty, truncated (cut to their last data.max_prompt_tokens), column, path (datasets.DataCounts)
     data: dict = field(default_factory=dict)
 
+    def record(self) -> dict:
+        """The summary a program reads (the CLI's ``--summary`` file, the build's ``<stage>.summary.json``): step,
+        finished, output_dir, expected streaks, prompt counts."""
+        return {"step": self.step, "finished": self.finished, "output_dir": self.output_dir,
+                "expected_streak": self.metrics.get("eval/expected_streak"),
+                "initial_expected_streak": self.metrics.get("eval/initial_expected_streak"),
+                "data": self.data}  # per prompt dataset: rows, kept, dropped_empty, truncated
+
 
 def absolutize(cfg: DistillConfig) -> DistillConfig:
     """Resolve relative local paths against the driver's working directory (workers run elsewhere)."""

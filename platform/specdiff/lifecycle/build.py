@@ -1,55 +1,53 @@
-"""Build the embedded default drafter for SmolLM2-135M-Instruct with the project's own pipeline.
+"""The recipe of the embedded default drafter for SmolLM2-135M-Instruct, run with the project's own pipeline.
 
-    python jobs/build_drafter.py               # the default drafter -> $SPECDIFF_HOME/drafters/default
-    python jobs/build_drafter.py --ablations   # + the bench's ablation drafters (objectives, standalone, AR)
-    python jobs/build_drafter.py --force       # rebuild even if a drafter is there
-    python jobs/build_drafter.py --budget-minutes 0   # the whole recipe, however long it takes (default: 15 min)
-    python jobs/build_drafter.py --register    # + register the pair in the MLflow registry, promote it to production
+    specdiff build                      # the default drafter -> $SPECDIFF_HOME/drafters/default
+    specdiff build --ablations          # + the bench's ablation drafters (objectives, standalone, AR)
+    specdiff build --budget-minutes 0   # the whole recipe, however long it takes (default: 15 min)
 
-Recipe (configs in jobs/configs/, each stage one `jobs/distill.py` run on a local Ray):
+    from specdiff.lifecycle.build import build_default
+    build_default(progress=print)       # the folder; its progress as typed events (BuildEvent)
+
+Recipe (``specdiff.recipes``; each stage one ``specdiff.distill.run`` on a local Ray, in this process, its config
+typed and its progress delivered as events: no stage reads another's printed text):
   1. teacher: the frozen verifier decodes the training prompts greedily (specdiff.prompts: code, math, chat train
      splits) and keeps its tapped hidden states from the same passes; written once to parquet and reused by every
      later stage;
-  2. smollm2-feature.yaml: a drafter conditioned on the verifier's hidden states (DFlash-style), streak-distilled
+  2. smollm2-feature: a drafter conditioned on the verifier's hidden states (DFlash-style), streak-distilled
      (SpecDiff-2 Eq. 6) after a decayed-CE warm-up.
-With --ablations, the same feature drafter is trained on the same data with objective.kind=decayed_ce (DFlash) and
+With ablations, the same feature drafter is trained on the same data with objective.kind=decayed_ce (DFlash) and
 ar_distill; the standalone masked-diffusion drafter (the paper's configuration: verifier layers over the prefix,
-smollm2-mdm.yaml then smollm2-streak.yaml) is built with its own ablations, and an AR drafter of the same layers
-for HF assisted generation.
-Work files and logs live in $SPECDIFF_HOME/build/smollm2; an interrupted build resumes from the last checkpoint.
-SPECDIFF_BUILD_QUICK=1 shrinks every stage to a few steps on a few prompts (CI smoke tests of this pipeline; the
-drafter it makes is not useful).
+smollm2-mdm then smollm2-streak) is built with its own ablations, and an AR drafter of the same layers for HF
+assisted generation.
+Work files and logs live in $SPECDIFF_HOME/build/smollm2 (a stage's events in ``<stage>.log``, its summary in
+``<stage>.summary.json``); an interrupted build resumes from the last checkpoint. SPECDIFF_BUILD_QUICK=1 shrinks every
+stage to a few steps on a few prompts (CI smoke tests of this pipeline; the drafter it makes is not useful).
 """
 
 from __future__ import annotations
 
-import argparse
+import copy
 import json
 import os
-import re
 import shutil
-import subprocess
-import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Union
 
-import yaml
-
-from specdiff.models.sources import DEFAULT_VERIFIER, state_dir
+from specdiff.distill.config import DistillConfig, parse_config
+from specdiff.distill.events import Evaluated, Event, TrainStep
+from specdiff.lineage import publish as publish_file
 from specdiff.lineage.publish import publishing
+from specdiff.models.sources import DEFAULT_VERIFIER, state_dir
+from specdiff.recipes import read_recipe
 
-JOBS = Path(__file__).resolve().parent
-CONFIGS = JOBS / "configs"
 ABLATIONS = ("ar_distill", "naive")  # of the standalone drafter
 FEATURE_ABLATIONS = ("decayed_ce", "ar_distill")  # of the feature drafter (same data, same drafter)
-STEP = re.compile(r"\[distill\] step (\d+)/(\d+) loss (-?[0-9.]+)")
-EVAL = re.compile(r"\[distill\] eval step (\d+): expected streak ([0-9.]+)")
-TEACHER = re.compile(r"\[teacher\] (\d+) trajectories sampled")
-TEACHER_SKIP = re.compile(r"\[teacher\] time budget spent")
 FAMILY = "smollm2"  # the default pair's family in the registry: specdiff-verifier-smollm2, specdiff-drafter-smollm2
-QUICK_EVAL = ["eval.offsets=[0]", "teacher.max_new_tokens=12"]  # SPECDIFF_BUILD_QUICK's held-out test
-QUICK_SET = ["train.steps=3", "train.batch_size=2", "eval.every=3", "train.checkpoint_every=3",
-             "data.max_prompt_tokens=48", *QUICK_EVAL]
+QUICK_EVAL = {"eval": {"offsets": [0]}, "teacher": {"max_new_tokens": 12}}  # SPECDIFF_BUILD_QUICK's held-out test
+QUICK = {"train": {"steps": 3, "batch_size": 2, "checkpoint_every": 3}, "eval": {"every": 3, "offsets": [0]},
+         "data": {"max_prompt_tokens": 48}, "teacher": {"max_new_tokens": 12}}
 
 
 def quick() -> bool:
@@ -111,82 +109,116 @@ def write_prompts(work: Path, scale: float = 1.0) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
-def run_stage(label: str, config: Path, overrides: list[str], log: Path, teacher_total: int = 0) -> dict:
-    """One ``jobs/distill.py`` run in a subprocess; its log goes to ``log``, its steps to a progress bar (and, when
-    the stage runs the teacher first, its trajectories out of ``teacher_total``)."""
-    from tqdm import tqdm
+@dataclass(frozen=True)
+class StageStarted:
+    """A distillation stage begins; ``teacher_total``: training prompts its teacher samples first (0: reused)."""
 
-    summary_path = log.with_name(log.stem + ".summary.json")  # the stage's result: read from here, not the log
+    label: str
+    teacher_total: int
+
+
+@dataclass(frozen=True)
+class StageProgress:
+    """One event of the stage's distillation run (``specdiff.distill.events``)."""
+
+    label: str
+    event: Event
+
+
+@dataclass(frozen=True)
+class StageFinished:
+    label: str
+    summary: dict  # the stage's summary record (as its .summary.json file), with its wall time
+
+
+@dataclass(frozen=True)
+class BuildNote:
+    """A line of the build's own (what it builds, where, the stage times at the end)."""
+
+    text: str
+
+
+BuildEvent = Union[StageStarted, StageProgress, StageFinished, BuildNote]
+Progress = Callable[[BuildEvent], None]
+
+
+def print_progress(event: BuildEvent) -> None:
+    """The plain rendering: the build's notes and the stages' evaluations, one line each (the CLI draws a bar)."""
+    if isinstance(event, BuildNote):
+        print(event.text, flush=True)
+    elif isinstance(event, StageProgress) and isinstance(event.event, Evaluated):
+        print(f"  {event.label}: held-out expected streak {event.event.expected_streak:.3f} at step "
+              f"{event.event.step}", flush=True)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a stage may spend: wall-clock seconds for the whole run and for its teacher (None: no limit), and the
+    schedule's steps (None: the recipe's)."""
+
+    train_s: float | None = None
+    teacher_s: float | None = None
+    steps: int | None = None
+    warmup_ce_steps: int | None = None
+
+    def sections(self) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        if self.train_s is not None:
+            out.setdefault("train", {})["time_budget_s"] = round(self.train_s)
+        if self.teacher_s is not None:
+            out.setdefault("teacher", {})["time_budget_s"] = round(self.teacher_s)
+        if self.steps is not None:
+            out.setdefault("train", {})["steps"] = self.steps
+        if self.warmup_ce_steps is not None:
+            out.setdefault("objective", {})["warmup_ce_steps"] = self.warmup_ce_steps
+        return out
+
+
+def configure(recipe: str | dict, *updates: dict[str, dict]) -> DistillConfig:
+    """A shipped recipe (or its tree) with ``updates`` (``{section: {key: value}}``, later ones win) merged in,
+    validated: an unknown section or key is an error that names it."""
+    tree = copy.deepcopy(read_recipe(recipe) if isinstance(recipe, str) else recipe)
+    for update in updates:
+        for section, values in update.items():
+            tree.setdefault(section, {}).update(values)
+    return parse_config(tree)
+
+
+def run_stage(label: str, cfg: DistillConfig, log: Path, teacher_total: int = 0,
+              progress: Progress = print_progress) -> dict:
+    """One distillation run (``specdiff.distill.run``, in this process on a local Ray). Its events go to ``log`` as
+    lines and to ``progress``; its summary record to ``<log>.summary.json`` beside the log, and is returned with
+    the stage's wall time. A run that fails, or ends before its last step, raises a RuntimeError that names the
+    stage and its log."""
+    from specdiff.distill import run
+
+    summary_path = log.with_name(log.stem + ".summary.json")
     summary_path.unlink(missing_ok=True)  # a summary left by an earlier attempt must not pass for this one's
-    cmd = [sys.executable, str(JOBS / "distill.py"), "--config", str(config), "--summary", str(summary_path)]
-    for item in overrides:
-        cmd += ["--set", item]
-    # RAY_DEDUP_LOGS=0: Ray folds log lines that differ only in numbers, which would hide the teacher's progress.
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-           "RAY_DEDUP_LOGS": "0"}
-    sampled, teacher_began, training = 0, 0.0, False
     began = time.perf_counter()
-    seen = set()  # Ray may echo a worker's line twice
-    keep = LogFilter()
-    with log.open("a", buffering=1) as out, tqdm(  # line-buffered: `tail -f` shows it as it comes
-            total=None, desc=label, unit="step", dynamic_ncols=True) as bar:
-        bar.set_postfix_str("starting Ray, teacher / held-out trajectories")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        out.write(f"# {' '.join(cmd)}\n# progress bars and repeated lines are left out here; Ray's own logs: "
+    progress(StageStarted(label, teacher_total))
+    lock = threading.Lock()  # the relay's thread and this one both write the log
+    with log.open("a", buffering=1) as out:  # line-buffered: `tail -f` shows it as it comes
+        out.write(f"# {label}: specdiff.distill.run(run.name={cfg.run.name}); Ray's own logs: "
                   "/tmp/ray/session_latest/logs\n")
-        for line in proc.stdout:
-            if (kept := keep(line)) is not None:
-                out.write(kept)
-            if m := STEP.search(line):
-                step, total = int(m.group(1)), int(m.group(2))
-                if not training:  # the first step line: from here on, rate and ETA count training steps only
-                    training = True  # (not Ray's start-up and the teacher, which ran on the same bar)
-                    bar.reset(total=total)
-                    bar.initial = step
-                bar.total = total
-                bar.n = step
-                bar.set_postfix_str(f"loss {float(m.group(3)):.3f}")
-                bar.refresh()
-            elif TEACHER_SKIP.search(line):
-                bar.set_postfix_str(f"teacher: its share of the time budget spent, {sampled} trajectories sampled")
-            elif m := TEACHER.search(line):
-                sampled += int(m.group(1))
-                teacher_began = teacher_began or began  # Ray's start-up counts: it is part of the wait
-                bar.set_postfix_str(teacher_progress(sampled, teacher_total, time.perf_counter() - teacher_began))
-            elif (m := EVAL.search(line)) and m.group(0) not in seen:
-                seen.add(m.group(0))
-                bar.write(f"  {label}: held-out expected streak {float(m.group(2)):.3f} at step {m.group(1)}")
-        code = proc.wait()
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    if code != 0 or not summary.get("finished"):
-        raise RuntimeError(f"{label} failed (exit code {code}); see the log {log}")
-    summary["wall_s"] = round(time.perf_counter() - began, 1)
-    return summary
 
+        def on_event(event: Event) -> None:
+            with lock:
+                out.write(event.line() + "\n")
+            progress(StageProgress(label, event))
 
-class LogFilter:
-    """Which lines of a stage's output go to its log: the job's own lines, warnings and errors — not Ray Data's
-    progress bars (hundreds of redraws per dataset), blank or cursor-control lines, or a line already written
-    (Ray repeats some warnings every second)."""
-
-    ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-    PREFIX = re.compile(r"^\((?:[\w.:]+ )?pid=\d+(?:, ip=[\d.]+)?\)\s*")  # "(TeacherSampler pid=123) "
-    PROGRESS = re.compile(r"logging_progress\.py|Queued blocks:|Running Dataset:|\d+%\|")
-
-    def __init__(self):
-        self.seen: set[str] = set()
-
-    def __call__(self, line: str) -> str | None:
-        """The line to write (cursor controls removed), or None to leave it out."""
-        clean = self.ANSI.sub("", line).strip()
-        text = self.PREFIX.sub("", clean)
-        if not text or self.PROGRESS.search(text):
-            return None
-        key = re.sub(r"^\[?\d{4}-\d\d-\d\d[ T][\d:,.]+\s*", "", text)  # the same message at another time
-        if key in self.seen:
-            return None
-        self.seen.add(key)
-        return clean + "\n"
+        try:
+            done = run(cfg, on_event=on_event)
+        except Exception as e:  # any failure of the run: named with its stage, the cause chained
+            with lock:
+                out.write(f"# failed: {type(e).__name__}: {e}\n")
+            raise RuntimeError(f"{label} failed ({type(e).__name__}: {e}); see the log {log}") from e
+    record = done.record()
+    write_summary(summary_path, record)
+    if not done.finished:
+        raise RuntimeError(f"{label} failed: it stopped at step {done.step} before its last; see the log {log}")
+    record = {**record, "wall_s": round(time.perf_counter() - began, 1)}
+    progress(StageFinished(label, record))
+    return record
 
 
 def teacher_progress(sampled: int, total: int, elapsed: float) -> str:
@@ -199,16 +231,18 @@ def teacher_progress(sampled: int, total: int, elapsed: float) -> str:
     return line
 
 
-def distill(label: str, config: str, work: Path, name: str, extra: list[str]) -> dict:
+def distill(label: str, recipe: str, work: Path, name: str, progress: Progress, *updates: dict[str, dict]) -> dict:
+    """A stage of ``recipe`` with its paths set to the work folder, the teacher's trajectories reused once
+    written, ``updates`` merged in (and SPECDIFF_BUILD_QUICK's last)."""
     trajectories, prompts = work / "trajectories", work / "prompts.jsonl"
     reuse = trajectories.is_dir()
-    data = [f"data.prompts={prompts}"] + ([f"data.trajectories={trajectories}"] if reuse
-                                          else [f"teacher.save_to={trajectories}"])
-    overrides = [f"data.heldout={work / 'heldout.jsonl'}", f"run.name={name}",
-                 f"run.storage_path={work / 'ray_results'}", f"run.output_dir={work / name}", *data, *extra,
-                 *(QUICK_SET if quick() else [])]
+    paths = {"run": {"name": name, "storage_path": str(work / "ray_results"), "output_dir": str(work / name)},
+             "data": {"prompts": str(prompts), "heldout": str(work / "heldout.jsonl"),
+                      **({"trajectories": str(trajectories)} if reuse else {})},
+             **({} if reuse else {"teacher": {"save_to": str(trajectories)}})}
+    cfg = configure(recipe, paths, *updates, *([QUICK] if quick() else []))
     total = 0 if reuse else sum(1 for line in prompts.open() if line.strip())
-    return run_stage(label, CONFIGS / config, overrides, work / f"{name}.log", teacher_total=total)
+    return run_stage(label, cfg, work / f"{name}.log", teacher_total=total, progress=progress)
 
 
 def publish(src: Path, dst: Path, record: dict) -> Path:
@@ -219,24 +253,24 @@ def publish(src: Path, dst: Path, record: dict) -> Path:
     return dst
 
 
-FIRST_RUN_S = 15 * 60  # a fresh `python jobs/generate.py` (build, then its decode) should take at most this
-DECODE_RESERVE_S = 75  # of it: distill's start-up before its clock runs, then generate.py's load and two decodes
+FIRST_RUN_S = 15 * 60  # a fresh `specdiff generate` (build, then its decode) should take at most this
+DECODE_RESERVE_S = 75  # of it: distill's start-up before its clock runs, then generate's load and two decodes
 # Of the distillation run's budget, the teacher's share (Ray's start included): a slower machine samples the
 # prompts that fit (training_mix interleaves the sources) and keeps the rest of its time for training steps. 2-core
 # figures: a Xeon with AMX samples all 900 in ~2.5 min (of ~5.8 min allowed); an AVX2-only EPYC sampled 93-110/min.
 TEACHER_SHARE = 0.45
-DEFAULT_RECIPE = "smollm2-feature.yaml"  # in jobs/configs/
+DEFAULT_RECIPE = "smollm2-feature"  # in specdiff.recipes
 
 
 def default_recipe() -> dict:
-    """The default drafter's recipe, ``DEFAULT_RECIPE`` in jobs/configs/ (an untrained drafter "with the defaults"
-    takes its shape from it)."""
-    return yaml.safe_load((CONFIGS / DEFAULT_RECIPE).read_text())
+    """The default drafter's recipe, ``DEFAULT_RECIPE`` (an untrained drafter "with the defaults" takes its shape
+    from it)."""
+    return read_recipe(DEFAULT_RECIPE)
 
 
 def untrained_drafter(verifier):
     """An untrained feature drafter of the default recipe's shape on ``verifier``: what a user has before any
-    alignment (`jobs/generate.py --untrained`, the bench's `untrained` row)."""
+    alignment (`specdiff generate --untrained`, the bench's `untrained` row)."""
     from specdiff.models.feature_drafter import build_feature_drafter
 
     return build_feature_drafter(verifier, num_layers=default_recipe()["drafter"]["num_layers"])
@@ -251,9 +285,27 @@ def sampled_trajectories(folder: Path) -> int:
     return sum(pq.read_metadata(f).num_rows for f in folder.glob("*.parquet"))
 
 
-def build_default(force: bool = False, budget_s: float | None = FIRST_RUN_S) -> Path:
+def first_run_budget(budget_s: float | None, spent_s: float, recipe: dict) -> tuple[Budget, float]:
+    """The feature stage's budget when the whole build (and a first decode) must fit in ``budget_s`` seconds, of
+    which ``spent_s`` are gone, and the scale of the recipe it buys: a budget longer than the first run's buys
+    proportionally more prompts and steps (the scaling table of docs/results.md); None: the whole recipe."""
+    scale = max(1.0, budget_s / FIRST_RUN_S) if budget_s else 1.0
+    train_s = teacher_s = None
+    if budget_s and not quick():
+        train_s = max(60.0, budget_s - spent_s - DECODE_RESERVE_S)
+        teacher_s = TEACHER_SHARE * train_s
+    steps = warmup = None
+    if scale > 1:
+        steps = round(recipe["train"]["steps"] * scale)
+        warmup = round(recipe["objective"]["warmup_ce_steps"] * scale)
+    return Budget(train_s=train_s, teacher_s=teacher_s, steps=steps, warmup_ce_steps=warmup), scale
+
+
+def build_default(force: bool = False, budget_s: float | None = FIRST_RUN_S,
+                  progress: Progress = print_progress) -> Path:
     """The default drafter folder, built first if missing (at most ``budget_s`` on any machine, the decode that
-    follows included: a slower CPU trains fewer of the recipe's steps; None: all of them)."""
+    follows included: a slower CPU trains fewer of the recipe's steps; None: all of them). ``progress`` receives
+    the build's events (``BuildEvent``); the default prints the notes and evaluations."""
     target = default_drafter_dir()
     if target.is_dir() and not force:
         return target
@@ -262,101 +314,93 @@ def build_default(force: bool = False, budget_s: float | None = FIRST_RUN_S) -> 
         shutil.rmtree(work / "ray_results", ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    print(f"building the default drafter for {DEFAULT_VERIFIER} (once; logs in {work})", flush=True)
-    # A budget longer than the first run's buys proportionally more prompts and steps (the scaling table of
-    # docs/results.md); the recipe itself is the first run's.
+    note = lambda text: progress(BuildNote(text))  # noqa: E731
+    note(f"building the default drafter for {DEFAULT_VERIFIER} (once; logs in {work})")
+    recipe = default_recipe()
     scale = max(1.0, budget_s / FIRST_RUN_S) if budget_s else 1.0
     prompts, _ = write_prompts(work, scale)
     prompts_s = time.perf_counter() - began
     wanted = sum(1 for line in prompts.open() if line.strip())
     if force and budget_s is None and 0 < sampled_trajectories(work / "trajectories") < wanted:
-        print("the saved teacher trajectories are a time-budgeted subset: sampling all prompts again", flush=True)
+        note("the saved teacher trajectories are a time-budgeted subset: sampling all prompts again")
         shutil.rmtree(work / "trajectories")
-    budget = []
-    if budget_s and not quick():
-        left = max(60.0, budget_s - (time.perf_counter() - began) - DECODE_RESERVE_S)
-        budget = [f"train.time_budget_s={left:.0f}", f"teacher.time_budget_s={TEACHER_SHARE * left:.0f}"]
-    if scale > 1:
-        recipe = default_recipe()
-        budget += [f"train.steps={round(recipe['train']['steps'] * scale)}",
-                   f"objective.warmup_ce_steps={round(recipe['objective']['warmup_ce_steps'] * scale)}"]
-    feature = distill("feature drafter: teacher + streak-distillation", DEFAULT_RECIPE, work, "feature",
-                      budget)
-    recipe_steps = round(default_recipe()["train"]["steps"] * scale)
+    budget, scale = first_run_budget(budget_s, time.perf_counter() - began, recipe)
+    feature = distill("feature drafter: teacher + streak-distillation", DEFAULT_RECIPE, work, "feature", progress,
+                      budget.sections())
+    recipe_steps = round(recipe["train"]["steps"] * scale)
     sampled = sampled_trajectories(work / "trajectories")
-    record = {"recipe": [f"jobs/configs/{DEFAULT_RECIPE}"], "stages": {"feature": feature},
+    record = {"recipe": [f"specdiff/recipes/{DEFAULT_RECIPE}.yaml"], "stages": {"feature": feature},
               "prompts_s": round(prompts_s, 1), "wall_s": round(time.perf_counter() - began, 1),
               "trajectories": sampled, "prompts": wanted}
     publish(work / "feature", target, record)
-    print(f"default drafter ready in {record['wall_s'] / 60:.1f} min: {target}\n"
-          f"  stage times: prompts + held-out trajectories {prompts_s:.0f} s, teacher + training "
-          f"{feature['wall_s']:.0f} s\n  held-out expected streak {feature.get('initial_expected_streak') or 0:.3f} "
-          f"-> {feature.get('expected_streak') or 0:.3f}", flush=True)
-    if budget and sampled < wanted:
-        print(f"  teacher: {sampled} of the {wanted} training prompts sampled within its share of the time budget",
-              flush=True)
-    if budget and feature.get("step", recipe_steps) < recipe_steps:
-        print(f"  trained {feature['step']} of the recipe's {recipe_steps} steps: what fitted the first run's "
-              f"{budget_s / 60:.0f}-minute budget on this machine (the full recipe: python jobs/build_drafter.py "
-              "--force --budget-minutes 0)", flush=True)
+    note(f"default drafter ready in {record['wall_s'] / 60:.1f} min: {target}\n"
+         f"  stage times: prompts + held-out trajectories {prompts_s:.0f} s, teacher + training "
+         f"{feature['wall_s']:.0f} s\n  held-out expected streak {feature.get('initial_expected_streak') or 0:.3f} "
+         f"-> {feature.get('expected_streak') or 0:.3f}")
+    timed = budget.train_s is not None
+    if timed and sampled < wanted:
+        note(f"  teacher: {sampled} of the {wanted} training prompts sampled within its share of the time budget")
+    if timed and feature.get("step", recipe_steps) < recipe_steps:
+        note(f"  trained {feature['step']} of the recipe's {recipe_steps} steps: what fitted the first run's "
+             f"{budget_s / 60:.0f}-minute budget on this machine (the full recipe: specdiff build --force "
+             "--budget-minutes 0)")
     return target
 
 
-def build_standalone(force: bool = False) -> Path:
+def build_standalone(force: bool = False, progress: Progress = print_progress) -> Path:
     """The paper's configuration: a standalone masked-diffusion drafter (verifier layers over the prefix), MDM
     pretraining then streak-distillation, on the default build's trajectories."""
-    build_default()
+    build_default(progress=progress)
     work, target = work_dir(), drafters_dir() / "smollm2-standalone"
     if target.is_dir() and not force:
         return target
-    mdm = distill("standalone 1/2 masked-diffusion pretraining", "smollm2-mdm.yaml", work, "mdm", [])
-    streak = distill("standalone 2/2 streak-distillation", "smollm2-streak.yaml", work, "streak",
-                     [f"drafter.path={work / 'mdm'}"])
-    return publish(work / "streak", target, {"recipe": ["jobs/configs/smollm2-mdm.yaml",
-                                                        "jobs/configs/smollm2-streak.yaml"],
+    mdm = distill("standalone 1/2 masked-diffusion pretraining", "smollm2-mdm", work, "mdm", progress)
+    streak = distill("standalone 2/2 streak-distillation", "smollm2-streak", work, "streak", progress,
+                     {"drafter": {"path": str(work / "mdm")}})
+    return publish(work / "streak", target, {"recipe": ["specdiff/recipes/smollm2-mdm.yaml",
+                                                        "specdiff/recipes/smollm2-streak.yaml"],
                                              "stages": {"mdm": mdm, "streak": streak}})
 
 
-def build_ablations(force: bool = False) -> dict[str, Path]:
+def build_ablations(force: bool = False, progress: Progress = print_progress) -> dict[str, Path]:
     """The feature drafter trained with the other objectives (same data), the standalone drafter, its stage-1
     (unaligned), AR-distilled and naive-window siblings, and the HF-assisted AR drafter."""
-    build_default()
+    build_default(progress=progress)
     work, out = work_dir(), {}
     for kind in FEATURE_ABLATIONS:
         target = drafters_dir() / f"smollm2-feature-{kind}"
         if force or not target.is_dir():
-            summary = distill(f"feature ablation {kind}", DEFAULT_RECIPE, work, f"feature-{kind}",
-                              [f"objective.kind={kind}", "objective.warmup_ce_steps=0"])
+            summary = distill(f"feature ablation {kind}", DEFAULT_RECIPE, work, f"feature-{kind}", progress,
+                              {"objective": {"kind": kind, "warmup_ce_steps": 0}})
             publish(work / f"feature-{kind}", target, {"stage": summary, "objective": kind})
         out[f"feature-{kind}"] = target
-    out["standalone"] = build_standalone(force)
+    out["standalone"] = build_standalone(force, progress)
     out["mdm"] = drafters_dir() / "smollm2-mdm"
     if force or not out["mdm"].is_dir():  # "unaligned": masked-diffusion pretraining only, no distillation
         publish(work / "mdm", out["mdm"], {"stage": "mdm"})
     for kind in ABLATIONS:
         target = drafters_dir() / f"smollm2-{kind}"
         if force or not target.is_dir():
-            summary = distill(f"ablation {kind}", "smollm2-streak.yaml", work, kind,
-                              [f"drafter.path={work / 'mdm'}", f"objective.kind={kind}"])
+            summary = distill(f"ablation {kind}", "smollm2-streak", work, kind, progress,
+                              {"drafter": {"path": str(work / "mdm")}, "objective": {"kind": kind}})
             publish(work / kind, target, {"stage": summary, "objective": kind})
         out[kind] = target
     target = drafters_dir() / "smollm2-ar"
     if force or not target.is_dir():
-        build_ar_drafter(work, target)
+        build_ar_drafter(work, target, progress)
     out["ar"] = target
     return out
 
 
-def build_ar_drafter(work: Path, target: Path) -> Path:
+def build_ar_drafter(work: Path, target: Path, progress: Progress = print_progress) -> Path:
     """Same layers and teacher data as the diffusion drafter, next-token loss; as many steps as both stages."""
     import pyarrow.parquet as pq
     import torch
-    from tqdm import tqdm
 
     from specdiff.distill.ar import ar_drafter_from_verifier, train_ar_drafter
     from specdiff.models.sources import load_causal_lm
 
-    mdm, streak = (yaml.safe_load((CONFIGS / f).read_text()) for f in ("smollm2-mdm.yaml", "smollm2-streak.yaml"))
+    mdm, streak = read_recipe("smollm2-mdm"), read_recipe("smollm2-streak")
     layers = mdm["drafter"]["layers"]
     steps = 3 if quick() else mdm["train"]["steps"] + streak["train"]["steps"]
     batch = mdm["train"]["batch_size"] * mdm["objective"]["windows_per_sample"] // 4  # about as many tokens/step
@@ -364,28 +408,31 @@ def build_ar_drafter(work: Path, target: Path) -> Path:
     verifier, tokenizer = load_causal_lm(DEFAULT_VERIFIER, torch.float32)
     model = ar_drafter_from_verifier(verifier, layers)
     began = time.perf_counter()
-    with tqdm(total=steps, desc="AR drafter (HF assisted generation)", unit="step") as bar:
-        def progress(step: int, loss: float) -> None:
-            bar.update(1)
-            bar.set_postfix_str(f"loss {loss:.3f}")
+    label = "AR drafter (HF assisted generation)"
+    progress(StageStarted(label, 0))
+    last = [began]
 
-        train_ar_drafter(model, records, steps=steps, batch_size=max(1, batch), lr=mdm["train"]["lr"],
-                         progress=progress)
+    def on_step(step: int, loss: float) -> None:
+        now = time.perf_counter()
+        progress(StageProgress(label, TrainStep(step, steps, loss, mdm["train"]["lr"], now - last[0], 0.0)))
+        last[0] = now
+
+    train_ar_drafter(model, records, steps=steps, batch_size=max(1, batch), lr=mdm["train"]["lr"], progress=on_step)
     out = work / "ar"
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     record = {"layers": layers, "steps": steps, "batch_size": batch, "wall_s": round(time.perf_counter() - began, 1)}
+    progress(StageFinished(label, record))
     return publish(out, target, record)
 
 
-def register_default(target: Path) -> str:
+def register_default(target: Path, progress: Progress = print_progress) -> str:
     """The embedded verifier and the drafter built in ``target`` as family ``smollm2`` in the registry (MLflow: the
     embedded sqlite store under $SPECDIFF_HOME unless MLFLOW_TRACKING_URI is set), evaluated on the build's held-out
     prompts and promoted to ``production`` if its τ is at least the current production pair's. Idempotent: the
     verifier (by digest) and a drafter (by its build record) are registered once. Returns the promotion verdict."""
     import hashlib
 
-    from specdiff.distill import load_config
     from specdiff.distill.evaluate import HeldoutSpec
     from specdiff.distill.teacher import verifier_record
     from specdiff.models.sources import resolve_model_path
@@ -401,49 +448,25 @@ def register_default(target: Path) -> str:
     digest = verifier_record(verifier_dir).digest
     verifier = registered(VERIFIER_PREFIX + FAMILY, "specdiff.digest", digest)
     if verifier is None:
-        print(f"registering the verifier {DEFAULT_VERIFIER} (copies its weights into the registry's artifacts)",
-              flush=True)
+        progress(BuildNote(f"registering the verifier {DEFAULT_VERIFIER} (copies its weights into the registry's "
+                           "artifacts)"))
         verifier = reg.register_verifier(FAMILY, verifier_dir, source=DEFAULT_VERIFIER)
     build = "sha256:" + hashlib.sha256((target / "build.json").read_bytes()).hexdigest()
-    cfg = load_config(CONFIGS / DEFAULT_RECIPE, [f"data.heldout={work_dir() / 'heldout.jsonl'}",
-                                                 *(QUICK_EVAL if quick() else [])], check_paths=False)
+    cfg = configure(DEFAULT_RECIPE, {"data": {"heldout": str(work_dir() / "heldout.jsonl")}},
+                    *([QUICK_EVAL] if quick() else []))
     spec = HeldoutSpec.from_config(cfg)
     drafter = registered(DRAFTER_PREFIX + FAMILY, "specdiff.build", build)
     if drafter is None:
-        print("registering the drafter: evaluating it on the build's held-out prompts", flush=True)
+        progress(BuildNote("registering the drafter: evaluating it on the build's held-out prompts"))
         config_digest, data_digest = config_digests(cfg.model_dump(mode="json"))
         drafter = reg.register_drafter(FAMILY, target, verifier, spec, config_digest=config_digest,
                                        data_digest=data_digest, tags={"specdiff.build": build})
     _, reason = reg.promote(FAMILY, drafter, spec)
-    print(f"{model_uri(verifier)} + {model_uri(drafter)} (tau {float(drafter.tags['specdiff.eval.tau']):.3f}): "
-          f"{reason}", flush=True)
+    progress(BuildNote(f"{model_uri(verifier)} + {model_uri(drafter)} (tau "
+                       f"{float(drafter.tags['specdiff.eval.tau']):.3f}): {reason}"))
     return reason
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ablations", action="store_true", help="also build the bench's ablation drafters")
-    parser.add_argument("--force", action="store_true", help="rebuild what exists")
-    parser.add_argument("--budget-minutes", type=float, default=FIRST_RUN_S / 60,
-                        help="wall-clock budget of the default drafter's build plus a first decode; a slower machine "
-                        "trains fewer steps to fit it (0: the whole recipe, however long it takes; default "
-                        "%(default).0f)")
-    parser.add_argument("--register", action="store_true",
-                        help=f"register the verifier and the default drafter in the registry as family {FAMILY!r} and "
-                        "promote the pair if it is at least as good as production (docs/registry.md)")
-    args = parser.parse_args(argv)
-    try:
-        target = build_default(force=args.force, budget_s=args.budget_minutes * 60 or None)
-        if args.register:
-            register_default(target)
-        if args.ablations:
-            for kind, path in build_ablations(force=args.force).items():
-                print(f"{kind}: {path}")
-    except (RuntimeError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def write_summary(path: Path, record: dict) -> None:
+    """Atomically: a reader never sees half a file."""
+    publish_file.write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,18 @@
+"""`python jobs/build_drafter.py ...` is `specdiff build ...` (specdiff.cli.build), kept for the commands the platform is known by."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))  # run from a checkout without install
+
+from specdiff.cli import main as cli_main  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_main(["build", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
