@@ -49,7 +49,9 @@ def parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
 
 def main(argv: list[str] | None = None) -> int:
     top, subs = parser()
-    args = top.parse_args(argv)
+    args, extra = top.parse_known_args(argv)
+    if extra:  # argparse leaves a subcommand's unknown flags to the top parser: name them with the command's usage
+        subs[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     module = importlib.import_module(f"specdiff.cli.{COMMANDS[args.command]}")
     return module.run(subs[args.command], args)
 

@@ -16,6 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from specdiff.cli.flags import add_verifier_flag
+
 
 
 def add_parser(sub, name: str) -> argparse.ArgumentParser:
@@ -23,8 +25,7 @@ def add_parser(sub, name: str) -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("drafter_dir", help="a feature drafter folder (save_feature_drafter / specdiff distill)")
     p.add_argument("out_dir", help="folder to write (created; files in it are overwritten)")
-    p.add_argument("--verifier", default=None, help="the verifier: embedded default name, or a local Hugging Face "
-                   "folder with safetensors (default: the embedded default, smollm2-135m-instruct)")
+    add_verifier_flag(p)  # the embedded default or a local folder (a hub id is refused: no weights to read)
     p.add_argument("--full-vocab", action="store_true", help="let vLLM use the verifier's whole LM head instead of "
                    "the drafter's draft vocabulary (d2t)")
     p.add_argument("--prompt-lookup", type=int, nargs=2, default=[2, 4], metavar=("MIN", "MAX"),
@@ -42,10 +43,10 @@ def add_parser(sub, name: str) -> argparse.ArgumentParser:
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from specdiff.vllm.export import DEFAULT_MIN_DRAFT_CONFIDENCE, export_vllm
-    from specdiff.models.sources import DEFAULT_VERIFIER, resolve_model_path
+    from specdiff.models.sources import resolve_model_path
 
     try:
-        verifier_dir = resolve_model_path(args.verifier or DEFAULT_VERIFIER)
+        verifier_dir = resolve_model_path(args.verifier)
         if not Path(verifier_dir).is_dir():
             raise ValueError(f"--verifier must be the embedded default or a local folder, got {verifier_dir!r}")
         export = export_vllm(args.drafter_dir, args.out_dir, verifier_dir=verifier_dir, full_vocab=args.full_vocab,

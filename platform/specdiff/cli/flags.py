@@ -18,8 +18,7 @@ DEVICES = ("auto", "cpu", "cuda")
 def add_model_flags(p: argparse.ArgumentParser, *, drafter: bool = True, repeat_drafter: bool = False) -> None:
     """``--verifier``, ``--drafter`` (and its old spelling ``--untrained``), ``--dtype``, ``--device``."""
     g = p.add_argument_group("models (shared by the subcommands)")
-    g.add_argument("--verifier", default=DEFAULT_VERIFIER, help="the verifier: the embedded default, a local Hugging "
-                   "Face folder or a Hugging Face model id (default: %(default)s)")
+    add_verifier_flag(g)
     if drafter:
         what = ("a drafter folder (written by `specdiff distill` / `specdiff build`), 'default' (the default drafter "
                 "of the embedded verifier, built on first use) or 'untrained' (unaligned layers of the default "
@@ -38,6 +37,12 @@ def add_model_flags(p: argparse.ArgumentParser, *, drafter: bool = True, repeat_
 
 
 DECODE_FLAGS = ("gamma", "num_candidates", "max_new_tokens", "temperature", "seed")
+
+
+def add_verifier_flag(g) -> None:
+    """``--verifier`` alone (a command that takes no drafter flag)."""
+    g.add_argument("--verifier", default=DEFAULT_VERIFIER, help="the verifier: the embedded default, a local Hugging "
+                   "Face folder or a Hugging Face model id (default: %(default)s)")
 
 
 def add_decode_flags(p: argparse.ArgumentParser, *, only: tuple[str, ...] = DECODE_FLAGS) -> None:

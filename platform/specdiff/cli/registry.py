@@ -16,28 +16,31 @@ from pathlib import Path
 
 
 
+FAMILY_HELP = "verifier family: registered models specdiff-verifier-FAMILY and specdiff-drafter-FAMILY"
+
+
 def add_parser(sub, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help='the drafter-verifier registry (MLflow): register, promote, show', description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tracking-uri", default=None, help="MLflow store (default: MLFLOW_TRACKING_URI or embedded)")
     sub = p.add_subparsers(dest="command", required=True)
     v = sub.add_parser("register-verifier", help="a new version of specdiff-verifier-FAMILY from a model folder")
-    v.add_argument("--family", required=True)
+    v.add_argument("--family", required=True, help=FAMILY_HELP)
     v.add_argument("path", help="Hugging Face model folder (the embedded default: smollm2-135m-instruct)")
     v.add_argument("--source", default=None, help="recorded source (path or hub id); default: the folder")
     d = sub.add_parser("register-drafter", help="a new version of specdiff-drafter-FAMILY from a drafter folder")
-    d.add_argument("--family", required=True)
+    d.add_argument("--family", required=True, help=FAMILY_HELP)
     d.add_argument("--verifier-version", required=True, help="the verifier version it was distilled against")
     d.add_argument("--config", required=True, help="its distillation config: held-out test and lineage digests")
     d.add_argument("path", help="a folder written by the distillation job (specdiff_drafter.json)")
     d.add_argument("--no-promote", action="store_true", help="register only; do not try the production alias")
     pr = sub.add_parser("promote", help="point production at a drafter version (tau-guarded unless --force)")
-    pr.add_argument("--family", required=True)
-    pr.add_argument("--version", required=True)
+    pr.add_argument("--family", required=True, help=FAMILY_HELP)
+    pr.add_argument("--version", required=True, help="the drafter version to point production at")
     pr.add_argument("--config", required=True, help="distillation config whose held-out test decides")
-    pr.add_argument("--force", action="store_true")
+    pr.add_argument("--force", action="store_true", help="skip the tau guard (production only if at least as good)")
     s = sub.add_parser("show", help="verifier and drafter versions, lineage, tau and aliases")
-    s.add_argument("--family", required=True)
+    s.add_argument("--family", required=True, help=FAMILY_HELP)
     return p
 
 

@@ -338,12 +338,18 @@ def load_config(path: str | Path | None, overrides: list[str] = (), *, check_pat
     """YAML file (optional) + ``section.key=value`` overrides (values parsed as YAML) -> validated config. ``path``
     may also name a recipe the package ships (``tiny``, ``smollm2-feature.yaml``: ``specdiff.recipes``) where no
     such file exists."""
-    from specdiff.recipes import is_recipe, recipe_text
+    from specdiff.recipes import is_recipe, recipe_names, recipe_text
 
     tree: dict = {}
     if path is not None:
-        shipped = not Path(path).is_file() and is_recipe(str(path))
-        tree = yaml.safe_load(recipe_text(str(path)) if shipped else Path(path).read_text()) or {}
+        if Path(path).is_file():
+            text = Path(path).read_text()
+        elif is_recipe(str(path)):
+            text = recipe_text(str(path))
+        else:
+            raise FileNotFoundError(f"config {str(path)!r}: no such file, and no recipe of that name (the package "
+                                    f"ships {recipe_names()})")
+        tree = yaml.safe_load(text) or {}
         if not isinstance(tree, dict):
             raise ValueError(f"config file must hold a mapping, got {type(tree).__name__} in {str(path)!r}")
     for item in overrides:
