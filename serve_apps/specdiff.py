@@ -1,4 +1,5 @@
-"""``serve run serve_apps.specdiff:app [key=value ...]`` (from the repository root).
+"""``serve run serve_apps.specdiff:app [key=value ...]`` (from the repository root): an alias of the installed
+package's builder, ``serve run specdiff.serving.app:build_app``, which works from anywhere (clusters/*.yaml use it).
 
 With no arguments it serves the embedded default pair (SmolLM2-135M-Instruct and its built feature drafter,
 colocated on one Decoder deployment; ``colocate=false``: separate Drafter and Verifier deployments);

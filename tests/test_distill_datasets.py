@@ -297,12 +297,14 @@ def test_cli_reports_a_bad_dataset_with_status_2_before_ray_starts(tmp_path, ver
 
 def test_cli_summary_carries_the_counts(tmp_path, verifier, monkeypatch):
     sys.path.insert(0, str(REPO / "jobs"))
-    import distill as cli
+    import distill as cli  # the old command's thin file: `specdiff distill`
 
+    import specdiff.distill
     from specdiff.distill import DistillSummary
 
     counts = {"data.prompts": {"rows": 5, "kept": 4, "dropped_empty": 1, "truncated": 2}}
-    monkeypatch.setattr(cli, "run", lambda cfg: DistillSummary(step=3, finished=True, output_dir="x", data=counts))
+    monkeypatch.setattr(specdiff.distill, "run",
+                        lambda cfg: DistillSummary(step=3, finished=True, output_dir="x", data=counts))
     prompts = write(tmp_path / "p.jsonl", [{"prompt_ids": [1]}])
     args = ["--config", str(TINY), "--summary", str(tmp_path / "summary.json")]
     for o in job_overrides(verifier, tmp_path, prompts, prompts):

@@ -186,8 +186,17 @@ def test_feature_drafter_job_learns_from_the_verifiers_states(assets, ray_sessio
         "drafter.init=feature", "drafter.num_layers=1", "drafter.draft_vocab_size=24", "teacher.temperature=0",
         "objective.warmup_ce_steps=20", "train.steps=40", "train.checkpoint_every=20", "eval.every=20",
         f"teacher.save_to={tmp_path / 'trajectories'}", "run.name=tiny-feature"])
-    summary = run(cfg)
+    events = []
+    summary = run(cfg, on_event=events.append)  # progress as events: the driver's, and the workers' via the relay
     assert summary.finished and summary.step == 40
+    from specdiff.distill.events import Evaluated, Note, TeacherSampled, TrainStep
+
+    kinds = {type(e) for e in events}
+    assert {Note, TeacherSampled, TrainStep, Evaluated} <= kinds, kinds
+    prompts = [p for p in ("prompts_small.jsonl", "heldout.jsonl") for line in (assets / p).open() if line.strip()]
+    assert sum(e.count for e in events if isinstance(e, TeacherSampled)) == len(prompts)  # every batch, held-out too
+    assert [e.step for e in events if isinstance(e, Evaluated)] == [0, 20, 40]
+    assert max(e.step for e in events if isinstance(e, TrainStep)) == 40
     initial, final = summary.metrics["eval/initial_expected_streak"], summary.metrics["eval/expected_streak"]
     print("feature drafter held-out expected streak:", initial, "->", final)
     assert final > initial + 0.2

@@ -29,6 +29,14 @@ HOME: dict[str, tuple[str, ...]] = {
     "specdiff.serving.vllm_app": ("serve", "vllm-cpu"),  # Ray Serve LLM runs vLLM
     "specdiff.registry": ("registry",),
     "specdiff.lifecycle.realign": ("train", "registry"),
+    "specdiff.lifecycle.build": ("train", "registry"),  # the default drafter's recipe: distill, then register
+    "specdiff.cli": ("hf",),  # argparse, and the decode path's imports (generate: the core and transformers)
+    "specdiff.cli.build": ("train", "registry"),
+    "specdiff.cli.bench": ("all",),  # bench rows of every kind, MLflow logging
+    "specdiff.cli.distill": ("train",),
+    "specdiff.cli.registry": ("registry", "train"),
+    "specdiff.cli.realign": ("train", "registry"),
+    "specdiff.cli.ui": ("registry",),
     "specdiff.vllm.plugin": ("vllm-cpu",),  # loaded by vLLM, inside vLLM's virtualenv
     "jobs": ("all",),
     "jobs.bench_vllm": ("all", "vllm-cpu"),
@@ -180,3 +188,21 @@ def test_the_check_fails_when_a_dependency_is_dropped(project, drop):
     assert found, f"dropping {drop} went unnoticed"
     top = {"tokenizers": "tokenizers", "tqdm": "tqdm", "mlflow": "mlflow", "ray[serve]": "ray.serve"}[drop]
     assert any(f"imports {top}" in p for p in found), found
+
+
+@pytest.mark.parametrize("call", ["build_small_drafter", "from_pretrained", "drafter_from_verifier", "load_drafter"])
+def test_hugging_face_drafters_name_the_extra_in_a_core_only_install(call, monkeypatch, tmp_path):
+    """Where transformers is not installed (the core alone), the drafters that need it say which extra to install
+    instead of failing with a bare ``No module named 'transformers'``."""
+    import specdiff.runtime.extras as extras
+    from specdiff.models import drafter
+
+    real = extras.installed
+    monkeypatch.setattr(extras, "installed", lambda m: m != "transformers" and real(m))
+    (tmp_path / drafter.DRAFTER_META).write_text("{}")
+    calls = {"build_small_drafter": lambda: drafter.build_small_drafter(vocab_size=8),
+             "from_pretrained": lambda: drafter.HFDiffusionDrafter.from_pretrained(tmp_path),
+             "drafter_from_verifier": lambda: drafter.drafter_from_verifier(object()),
+             "load_drafter": lambda: drafter.load_drafter(tmp_path)}
+    with pytest.raises(ImportError, match=r"needs transformers, which is not installed: pip install 'specdiff\[hf\]'"):
+        calls[call]()

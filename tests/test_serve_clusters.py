@@ -27,7 +27,7 @@ def serve_schema(config: dict):
 
 def app_args(serve_config: dict) -> AppConfig:
     (application,) = serve_config["applications"]
-    assert application["import_path"] == "serve_apps.specdiff:app"
+    assert application["import_path"] == "specdiff.serving.app:build_app"
     return AppConfig.from_args(application["args"])
 
 
@@ -80,7 +80,7 @@ def test_bad_launcher_config_is_rejected():
 def test_serve_config_is_valid(name):
     config = load(name)
     schema = serve_schema(config)
-    assert schema.applications[0].import_path == "serve_apps.specdiff:app"
+    assert schema.applications[0].import_path == "specdiff.serving.app:build_app"
     cfg = app_args(config)
     assert cfg.pools
     if name == "serve-paper.yaml":

@@ -245,7 +245,7 @@ def test_default_drafter_resolution(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SPECDIFF_HOME", str(tmp_path))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    with pytest.raises(ValueError, match=r"not built .*python jobs/build_drafter.py.*models.demo=true"):
+    with pytest.raises(ValueError, match=r"not built .*specdiff build.*models.demo=true"):
         resolve_default(ModelSource())
     assert not (tmp_path / "mlflow.db").exists()  # looking did not create a store
     folder = tmp_path / "drafters" / "default"

@@ -1,7 +1,7 @@
 """The distillation job's typed config: a YAML file plus ``--set section.key=value`` overrides.
 
 Pydantic lives here, at the edge; unknown keys are errors that name the key, and every check that can fail runs
-before Ray starts. Example (``jobs/configs/tiny.yaml``)::
+before Ray starts. Example (the ``tiny`` recipe, ``specdiff/recipes/tiny.yaml``)::
 
     verifier: {path: artifacts/tiny/verifier, name: tiny-llama, version: "1"}
     data: {prompts: artifacts/tiny/prompts.jsonl, heldout: artifacts/tiny/heldout.jsonl}
@@ -10,7 +10,7 @@ before Ray starts. Example (``jobs/configs/tiny.yaml``)::
 
 Python::
 
-    cfg = load_config("jobs/configs/tiny.yaml", ["train.steps=10"])
+    cfg = load_config("tiny", ["train.steps=10"])  # a shipped recipe's name, or a YAML file
 """
 
 from __future__ import annotations
@@ -335,10 +335,21 @@ def parse_config(tree: dict) -> DistillConfig:
 
 
 def load_config(path: str | Path | None, overrides: list[str] = (), *, check_paths: bool = True) -> DistillConfig:
-    """YAML file (optional) + ``section.key=value`` overrides (values parsed as YAML) -> validated config."""
+    """YAML file (optional) + ``section.key=value`` overrides (values parsed as YAML) -> validated config. ``path``
+    may also name a recipe the package ships (``tiny``, ``smollm2-feature.yaml``: ``specdiff.recipes``) where no
+    such file exists."""
+    from specdiff.recipes import is_recipe, recipe_names, recipe_text
+
     tree: dict = {}
     if path is not None:
-        tree = yaml.safe_load(Path(path).read_text()) or {}
+        if Path(path).is_file():
+            text = Path(path).read_text()
+        elif is_recipe(str(path)):
+            text = recipe_text(str(path))
+        else:
+            raise FileNotFoundError(f"config {str(path)!r}: no such file, and no recipe of that name (the package "
+                                    f"ships {recipe_names()})")
+        tree = yaml.safe_load(text) or {}
         if not isinstance(tree, dict):
             raise ValueError(f"config file must hold a mapping, got {type(tree).__name__} in {str(path)!r}")
     for item in overrides:

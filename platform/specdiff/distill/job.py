@@ -3,7 +3,7 @@
 Python::
 
     from specdiff.distill import load_config, run
-    summary = run(load_config("jobs/configs/tiny.yaml", ["train.steps=20"]))
+    summary = run(load_config("tiny", ["train.steps=20"]))
     summary.output_dir  # a folder for specdiff.load_drafter, with the verifier record
 
 Order of work: validate the config and its paths, hash the verifier, read, check and tokenize the prompt datasets
@@ -31,6 +31,7 @@ from specdiff.lineage.publish import publishing
 from specdiff.runtime.ray_auth import use_private_token
 from specdiff.distill.config import DistillConfig, parse_config
 from specdiff.distill.datasets import prepare_data
+from specdiff.distill.events import Emitter, Note, Pump, Sink
 from specdiff.distill.feature import draft_vocabulary
 from specdiff.distill.teacher import VerifierRecord, read_records, teacher_dataset, verifier_record
 from specdiff.distill.train import DRAFTER_DIR, STATE, train_loop
@@ -52,6 +53,14 @@ class DistillSummary:
     # dropped_empty, truncated (cut to their last data.max_prompt_tokens), column, path (datasets.DataCounts)
     data: dict = field(default_factory=dict)
 
+    def record(self) -> dict:
+        """The summary a program reads (the CLI's ``--summary`` file, the build's ``<stage>.summary.json``): step,
+        finished, output_dir, expected streaks, prompt counts."""
+        return {"step": self.step, "finished": self.finished, "output_dir": self.output_dir,
+                "expected_streak": self.metrics.get("eval/expected_streak"),
+                "initial_expected_streak": self.metrics.get("eval/initial_expected_streak"),
+                "data": self.data}  # per prompt dataset: rows, kept, dropped_empty, truncated
+
 
 def absolutize(cfg: DistillConfig) -> DistillConfig:
     """Resolve relative local paths against the driver's working directory (workers run elsewhere)."""
@@ -65,9 +74,11 @@ def absolutize(cfg: DistillConfig) -> DistillConfig:
     return parse_config(tree)
 
 
-def init_ray(cfg: DistillConfig) -> None:
+def init_ray(cfg: DistillConfig, *, log_to_driver: bool = True) -> None:
     """Connect to ``ray.address`` / RAY_ADDRESS (``ray job submit`` sets it) or start a new local Ray. The specdiff
-    package travels to the workers as a ``py_modules`` runtime env, so the cluster needs no install of it."""
+    package travels to the workers as a ``py_modules`` runtime env, so the cluster needs no install of it (unless
+    the Ray job running this driver ships it already: re-alignment submits it so). ``log_to_driver=False``: a new
+    local Ray keeps its workers' output in its own logs (a caller that takes events renders progress itself)."""
     import ray
 
     import specdiff
@@ -75,16 +86,26 @@ def init_ray(cfg: DistillConfig) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    runtime_env = {"py_modules": [str(Path(specdiff.__file__).parent)], "excludes": ["__pycache__"],
-                   "env_vars": dict(KEEP_FREED_ENV)}  # teacher and training workers reuse freed blocks
+    runtime_env = {"env_vars": dict(KEEP_FREED_ENV)}  # teacher and training workers reuse freed blocks
+    if not _job_ships_modules():  # two py_modules (the job's and ours) would be a runtime-env conflict
+        runtime_env.update(py_modules=[str(Path(specdiff.__file__).parent)], excludes=["__pycache__"])
     if cfg.ray.address is None and "RAY_ADDRESS" not in os.environ:
         # "local": a new Ray for this job. A bare ray.init() would join whatever `ray start` cluster this machine
         # last started, which may be someone else's.
         runtime_env["worker_process_setup_hook"] = _train_cleaner_quiet_hook()
         use_private_token()  # token auth on, but no ~/.ray/auth_token left for a later `ray start` (ray_auth)
-        ray.init(address="local", num_cpus=cfg.ray.num_cpus, runtime_env=runtime_env, include_dashboard=False)
+        ray.init(address="local", num_cpus=cfg.ray.num_cpus, runtime_env=runtime_env, include_dashboard=False,
+                 log_to_driver=log_to_driver)
     else:
         ray.init(address=cfg.ray.address, runtime_env=runtime_env)
+
+
+def _job_ships_modules() -> bool:
+    """Whether this driver runs as a Ray job whose runtime env already carries ``py_modules``."""
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if not raw:
+        return False
+    return bool((json.loads(raw).get("runtime_env") or {}).get("py_modules"))
 
 
 def _train_cleaner_quiet_hook():
@@ -108,40 +129,57 @@ def _train_cleaner_quiet_hook():
     return hook
 
 
-def run(cfg: DistillConfig) -> DistillSummary:
+def run(cfg: DistillConfig, on_event: Sink | None = None) -> DistillSummary:
+    """The whole job; see the module's docstring. ``on_event``: a callable that receives the run's progress as
+    ``specdiff.distill.events`` (the driver's and the workers'; called from a helper thread while Ray runs) instead
+    of lines printed on this process's stdout. Without it the job prints them, as under ``ray job submit``."""
     require("train", "the distillation job (specdiff.distill.run)", "ray", "pyarrow", "peft")
     import ray.data
-    import ray.train
-    from ray.train.torch import TorchTrainer
 
     began = time.time()  # train.time_budget_s counts from here (wall clock: the workers compare against it)
     cfg = absolutize(cfg)
     cfg.check_paths()
     record = verifier_record(cfg.verifier.path, cfg.verifier.name, cfg.verifier.version)
-    print(f"[distill] verifier {record.name} {record.version} {record.digest[:19]}...", flush=True)
+    say = Emitter() if on_event is None else Emitter(sink=on_event, echo=False)
+    say(Note(f"[distill] verifier {record.name} {record.version} {record.digest[:19]}..."))
     dtype, why = resolve_dtype_with_reason(cfg.verifier.dtype)  # each teacher actor and worker resolves it again
-    print(f"[distill] verifier dtype {dtype_name(dtype)} ({why})", flush=True)
-    data = prepare_data(cfg)  # on the driver, before Ray starts: a bad dataset fails here
-    init_ray(cfg)
+    say(Note(f"[distill] verifier dtype {dtype_name(dtype)} ({why})"))
+    data = prepare_data(cfg, log=lambda line: say(Note(line)))  # on the driver, before Ray: a bad dataset fails here
+    init_ray(cfg, log_to_driver=on_event is None)
     # Ray Data's progress bars on a terminal; in a log (a pipe, `ray job submit`) they print a screenful per second.
-    ray.data.DataContext.get_current().enable_progress_bars = sys.stdout.isatty()
+    ray.data.DataContext.get_current().enable_progress_bars = sys.stdout.isatty() and on_event is None
+    pump = Pump(on_event) if on_event is not None else None
+    try:
+        return _fit(cfg, record, data, began, say, Emitter(relay=pump.relay) if pump else Emitter())
+    finally:
+        if pump is not None:
+            pump.close()
+
+
+def _fit(cfg: DistillConfig, record: VerifierRecord, data, began: float, say: Emitter,
+         workers: Emitter) -> DistillSummary:
+    """From a started Ray on: held-out and training trajectories, then the Ray Train fit. ``say``: the driver's
+    events; ``workers``: the emitter the teacher actors and the training loop report through."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
 
     cfg = resolve_feature_taps(cfg)
     heldout_ds = read_records(data.heldout, cfg.data.read_cpus)
     if "completion_ids" in heldout_ds.schema().names:  # trajectories already (e.g. written by the teacher once)
         heldout = heldout_ds.take_all()
     else:
-        heldout = teacher_dataset(heldout_ds, record, cfg).take_all()
+        heldout = teacher_dataset(heldout_ds, record, cfg, events=workers).take_all()
     prefixes = heldout_prefixes(heldout, cfg.eval.offsets)
-    print(f"[distill] teacher: {len(heldout)} held-out trajectories -> {len(prefixes)} eval windows", flush=True)
-    train_ds = training_trajectories(cfg, record, began, prompts=data.prompts)
-    vocabulary = feature_vocabulary(cfg, train_ds, prompts=data.prompts)
+    say(Note(f"[distill] teacher: {len(heldout)} held-out trajectories -> {len(prefixes)} eval windows"))
+    train_ds = training_trajectories(cfg, record, began, prompts=data.prompts, say=say, workers=workers)
+    vocabulary = feature_vocabulary(cfg, train_ds, prompts=data.prompts, say=say)
 
     t = cfg.train
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"config": cfg.model_dump(mode="json"), "verifier_record": record.to_dict(),
                            "heldout_prefixes": prefixes, "draft_vocabulary": vocabulary, "job_started": began,
+                           "events": workers,
                            # Saved trajectories are shuffled every epoch; a streamed teacher's are not (a shuffle
                            # buffer would hold training back until the teacher had sampled the whole epoch).
                            "shuffle_buffer": cfg.data.shuffle_buffer if materialized(cfg) else 0,
@@ -169,14 +207,15 @@ def materialized(cfg: DistillConfig) -> bool:
 
 
 def training_trajectories(cfg: DistillConfig, record: VerifierRecord, began: float | None = None, *,
-                          prompts: str | None = None):
+                          prompts: str | None = None, say: Emitter | None = None, workers: Emitter | None = None):
     """Streamed teacher output, or parquet trajectories (reused, or written first when teacher.save_to is set).
     ``began``: the job's start (``time.time()``), which ``teacher.time_budget_s`` counts from. ``prompts``: the
     prompt records to read (``run`` passes the normalized file of ``datasets.prepare_data``); default
-    ``data.prompts``."""
+    ``data.prompts``. ``say`` / ``workers``: where the driver's and the teacher actors' events go (default: printed)."""
+    say = say or Emitter()
     taps = cfg.drafter.target_layer_ids if is_feature(cfg) else None
     if cfg.data.trajectories:
-        print(f"[distill] reusing trajectories from {cfg.data.trajectories}", flush=True)
+        say(Note(f"[distill] reusing trajectories from {cfg.data.trajectories}"))
         ds = read_records(cfg.data.trajectories, cfg.data.read_cpus)
         if taps and "features" not in ds.schema().names:
             raise ValueError(f"data.trajectories {cfg.data.trajectories!r} hold no verifier features; a feature "
@@ -186,11 +225,11 @@ def training_trajectories(cfg: DistillConfig, record: VerifierRecord, began: flo
             if stored != list(taps):
                 raise ValueError(f"data.trajectories {cfg.data.trajectories!r} hold the states of verifier layers "
                                  f"{stored}, but drafter.target_layer_ids is {list(taps)}")
-        return cached(ds, cfg.data.trajectories)
+        return cached(ds, cfg.data.trajectories, say)
     budget = cfg.teacher.time_budget_s
     deadline = (began if began is not None else time.time()) + budget if budget else None
     ds = teacher_dataset(read_records(prompts or cfg.data.prompts, cfg.data.read_cpus), record, cfg, taps,
-                         whole_batches=materialized(cfg), deadline=deadline)
+                         whole_batches=materialized(cfg), deadline=deadline, events=workers)
     if cfg.teacher.save_to:
         save_to = cfg.teacher.save_to
         if "://" in save_to:  # remote storage: written in place
@@ -198,15 +237,15 @@ def training_trajectories(cfg: DistillConfig, record: VerifierRecord, began: flo
         else:  # written aside, then renamed: an interrupted teacher never leaves a partial folder to be reused
             with publishing(save_to.rstrip("/"), replace=True) as partial:
                 ds.write_parquet(str(partial))
-        print(f"[distill] teacher trajectories written to {save_to}", flush=True)
-        return cached(read_records(save_to, cfg.data.read_cpus), save_to)
+        say(Note(f"[distill] teacher trajectories written to {save_to}"))
+        return cached(read_records(save_to, cfg.data.read_cpus), save_to, say)
     return ds
 
 
 CACHE_LIMIT = 1 << 30  # trajectories up to 1 GiB on disk are held in the object store for the whole run
 
 
-def cached(ds, path: str):
+def cached(ds, path: str, say: Emitter | None = None):
     """``ds`` materialised once when its files at ``path`` are small: otherwise every epoch reads and decodes the
     parquet again, on the same CPUs as the training step (on 2 cores, a step at an epoch boundary took 2-7 s
     instead of 1.2 s)."""
@@ -216,7 +255,7 @@ def cached(ds, path: str):
     size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
     if size > CACHE_LIMIT:
         return ds
-    print(f"[distill] trajectories held in the object store for the run ({size / 2**20:.0f} MiB)", flush=True)
+    (say or Emitter())(Note(f"[distill] trajectories held in the object store for the run ({size / 2**20:.0f} MiB)"))
     return ds.materialize()
 
 
@@ -244,7 +283,8 @@ def resolve_feature_taps(cfg: DistillConfig) -> DistillConfig:
     return parse_config(tree)
 
 
-def feature_vocabulary(cfg: DistillConfig, train_ds, *, prompts: str | None = None) -> list[int] | None:
+def feature_vocabulary(cfg: DistillConfig, train_ds, *, prompts: str | None = None,
+                       say: Emitter | None = None) -> list[int] | None:
     """The draft vocabulary of a new feature drafter: the most frequent ids of the training trajectories (prompt
     and completion tokens), counted once on the driver before training. ``prompts``: as ``training_trajectories``."""
     if cfg.drafter.init != "feature" or cfg.drafter.draft_vocab_size is None:
@@ -268,8 +308,8 @@ def feature_vocabulary(cfg: DistillConfig, train_ds, *, prompts: str | None = No
         else:
             token_lists = [list(r["prompt_ids"]) for r in rows]
     ids = draft_vocabulary(token_lists, vocab, cfg.drafter.draft_vocab_size)
-    print(f"[distill] draft vocabulary: the {len(ids)} most frequent of {vocab} tokens in {len(rows)} records",
-          flush=True)
+    (say or Emitter())(Note(f"[distill] draft vocabulary: the {len(ids)} most frequent of {vocab} tokens in "
+                            f"{len(rows)} records"))
     return ids.tolist()
 
 

@@ -23,6 +23,7 @@ from specdiff.models.dtypes import resolve_dtype
 from specdiff.models.hf import HFModel
 from specdiff.runtime.memory import keep_freed_memory
 from specdiff.core.sampling import sample, target_probs
+from specdiff.distill.events import Emitter, TeacherBudgetSpent, TeacherSampled
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 
@@ -179,12 +180,14 @@ class TeacherSampler:
     engine = "hf"
 
     def __init__(self, verifier: dict, dtype: str, sampling: dict, max_new_tokens: int, logprobs_k: int,
-                 max_prompt_tokens: int, seed: int, taps: list[int] | None = None, deadline: float | None = None):
-        self._setup(verifier, sampling, max_new_tokens, logprobs_k, max_prompt_tokens, seed, taps, deadline)
+                 max_prompt_tokens: int, seed: int, taps: list[int] | None = None, deadline: float | None = None,
+                 events: Emitter | None = None):
+        self._setup(verifier, sampling, max_new_tokens, logprobs_k, max_prompt_tokens, seed, taps, deadline, events)
         self.hf = HFModel(load_verifier_model(self.record.path, dtype))
 
     def _setup(self, verifier, sampling, max_new_tokens, logprobs_k, max_prompt_tokens, seed, taps,
-               deadline=None) -> None:
+               deadline=None, events: Emitter | None = None) -> None:
+        self.events = events or Emitter()  # its line in the actor's log; its event to the driver's relay, if any
         keep_freed_memory()  # batched passes allocate the same large blocks batch after batch
         self.taps = tuple(taps) if taps else None  # a feature drafter's context: kept from the same passes
         self.record = VerifierRecord(**verifier)
@@ -218,17 +221,16 @@ class TeacherSampler:
         import pyarrow as pa
 
         if self.empty is not None and self.deadline is not None and time.time() > self.deadline:
-            if not self.skipped:  # one line, not one a batch
-                print(f"[teacher] time budget spent: prompts skipped from here on ({self.sampled} sampled by this "
-                      "actor)", flush=True)
+            if not self.skipped:  # one event, not one a batch
+                self.events(TeacherBudgetSpent(self.sampled))
             self.skipped += table.num_rows
             return self.empty
         prompts = self._prompt_ids(table)
         completions, top_ids, top_lp, features, targets = self._sample(prompts)
         n = len(prompts)
         self.sampled += n
-        # One line a batch: the job log (and jobs/build_drafter.py's progress bar) shows the teacher advancing.
-        print(f"[teacher] {n} trajectories sampled ({self.sampled} by this actor, {self.engine})", flush=True)
+        # One event a batch: the job log (and the build's progress bar) shows the teacher advancing.
+        self.events(TeacherSampled(n, self.sampled, self.engine))
         extra = {}
         if self.taps:
             from specdiff.distill.feature import encode_features
@@ -279,11 +281,13 @@ def read_records(path: str, num_cpus: float):
 
 
 def teacher_dataset(prompts, verifier: VerifierRecord, cfg, taps: list[int] | None = None, *,
-                    whole_batches: bool = True, deadline: float | None = None) -> object:
+                    whole_batches: bool = True, deadline: float | None = None,
+                    events: Emitter | None = None) -> object:
     """prompts (a Ray dataset) -> trajectory records, sampled on an actor pool holding the verifier.
 
     ``cfg``: the job's DistillConfig (teacher, data and verifier sections are read). ``taps``: also record those
-    verifier layers' states (a ``features`` column, for a feature drafter). ``deadline``: see ``TeacherSampler``."""
+    verifier layers' states (a ``features`` column, for a feature drafter). ``deadline``: see ``TeacherSampler``.
+    ``events``: where the actors report each batch (``specdiff.distill.events``; default: printed)."""
     import ray.data
 
     t = cfg.teacher
@@ -307,6 +311,7 @@ def teacher_dataset(prompts, verifier: VerifierRecord, cfg, taps: list[int] | No
             "seed": cfg.run.seed,
             "taps": taps,
             "deadline": deadline,
+            "events": events,
         },
         batch_size=t.batch_size,
         batch_format="pyarrow",

@@ -50,8 +50,9 @@ class VLLMTeacherSampler(TeacherSampler):
     engine = "vllm"
 
     def __init__(self, verifier: dict, dtype: str, sampling: dict, max_new_tokens: int, logprobs_k: int,
-                 max_prompt_tokens: int, seed: int, taps: list[int] | None = None, deadline: float | None = None):
-        self._setup(verifier, sampling, max_new_tokens, logprobs_k, max_prompt_tokens, seed, taps, deadline)
+                 max_prompt_tokens: int, seed: int, taps: list[int] | None = None, deadline: float | None = None,
+                 events=None):
+        self._setup(verifier, sampling, max_new_tokens, logprobs_k, max_prompt_tokens, seed, taps, deadline, events)
         from vllm import LLM
 
         torch_dtype = resolve_dtype(dtype)

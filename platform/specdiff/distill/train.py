@@ -46,6 +46,7 @@ from specdiff.models.hf import HFModel
 from specdiff.runtime.memory import keep_freed_memory
 from specdiff.core.objectives import ar_distill_loss, mask_window, masked_diffusion_loss, naive_window_loss, streak_loss
 from specdiff.distill.config import DistillConfig
+from specdiff.distill.events import Emitter, Evaluated, Note, TrainStep
 from specdiff.distill.evaluate import EvalResult, alpha_plot, evaluate_drafter
 from specdiff.distill.feature import evaluate_feature_drafter, feature_loss, teacher_forced_eval
 from specdiff.distill.teacher import load_verifier_model
@@ -243,6 +244,7 @@ def train_loop(loop_config: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
     t, o = cfg.train, cfg.objective
+    say = loop_config.get("events") or Emitter()  # rank 0's progress: its log line, and the driver's relay if any
 
     verifier_model = load_verifier_model(record["path"], cfg.verifier.dtype)
     drafter = build_drafter(cfg, verifier_model, loop_config.get("draft_vocabulary"))
@@ -280,9 +282,8 @@ def train_loop(loop_config: dict) -> None:
     if rank == 0:
         _log_attempt(cfg, start)
     if rank == 0:
-        print(f"[distill] rank 0/{world}: {'resuming at step ' + str(start) if start else 'starting'} "
-              f"({sum(p.numel() for p in params):,} trainable parameters, objective={o.kind}, gamma={o.gamma})",
-              flush=True)
+        say(Note(f"[distill] rank 0/{world}: {'resuming at step ' + str(start) if start else 'starting'} "
+                 f"({sum(p.numel() for p in params):,} trainable parameters, objective={o.kind}, gamma={o.gamma})"))
 
     prepared = ray.train.torch.prepare_model(model, move_to_device=False)  # DDP (gloo on CPU) when world > 1
     hf = None if feature else HFModel(drafter.model, runner=prepared)
@@ -296,8 +297,8 @@ def train_loop(loop_config: dict) -> None:
     width = drafter.config.hidden_size if feature else getattr(drafter.model.config, "hidden_size", None)
     use_bf16 = train_autocast_bf16(t.precision, device, width)  # auto: a bf16 GPU, or a wide drafter on a bf16 CPU
     if rank == 0:
-        print(f"[distill] training precision: {'bf16 autocast' if use_bf16 else 'fp32'} (train.precision="
-              f"{t.precision})", flush=True)
+        say(Note(f"[distill] training precision: {'bf16 autocast' if use_bf16 else 'fp32'} (train.precision="
+                 f"{t.precision})"))
 
     eval_s = 0.0  # the last evaluation's duration (rank 0), kept back from a time budget
 
@@ -338,8 +339,7 @@ def train_loop(loop_config: dict) -> None:
             history = [(s, EvalResult(e, a, len(heldout))) for s, e, a in state["evals"]]
             tracker.log_artifact(alpha_plot(history, os.path.join(tmp, "alpha_per_position.png")), "plots")
         eval_s = time.perf_counter() - began
-        print(f"[distill] eval step {step}: expected streak {result.expected_streak:.3f} "
-              f"alpha {[round(a, 3) for a in result.alpha]} ({eval_s:.1f}s, {how})", flush=True)
+        say(Evaluated(step, result.expected_streak, tuple(result.alpha), eval_s, how))
         return {**metrics, "eval/initial_expected_streak": state["evals"][0][1]}
 
     if start == 0:
@@ -381,8 +381,8 @@ def train_loop(loop_config: dict) -> None:
             left, step_s = t.time_budget_s - (time.time() - job_started), sum(recent) / len(recent)
             total = _agree_min(steps_that_fit(step, t.steps, left - BUDGET_RESERVE_S - 2 * eval_s, step_s), world)
             if total != planned() and rank == 0:
-                print(f"[distill] time budget: {total} of {t.steps} steps fit ({step_s:.2f} s a step, {left:.0f} s "
-                      "left)", flush=True)
+                say(Note(f"[distill] time budget: {total} of {t.steps} steps fit ({step_s:.2f} s a step, "
+                         f"{left:.0f} s left)"))
             state["planned_steps"] = total
 
         if cfg.fault.kill_at_step == step and cfg.fault.kill_rank == rank:
@@ -403,9 +403,8 @@ def train_loop(loop_config: dict) -> None:
                 train_metrics["train/grad_norm"] = float(grad_norm)
             tracker.log_metrics(train_metrics, step)
             if rank == 0:
-                print(f"[distill] step {step}/{planned()} loss {train_metrics['train/loss']:.4f} "
-                      f"lr {train_metrics['train/lr']:.2e} {train_metrics['train/step_s']:.3f}s/step "
-                      f"(waiting for data {train_metrics['train/data_wait_s']:.3f}s)", flush=True)
+                say(TrainStep(step, planned(), train_metrics["train/loss"], train_metrics["train/lr"],
+                              train_metrics["train/step_s"], train_metrics["train/data_wait_s"]))
             metrics.update(train_metrics)
             step_times, data_times, losses = [], [], []
         if step % cfg.eval.every == 0 or last:

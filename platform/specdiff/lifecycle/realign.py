@@ -2,7 +2,7 @@
 
     registry (MLflow)                         jobs (Ray Job Submission)
     latest verifier version, no aligned   ->  claim it (unique experiment; one winner among racing watchers)
-    drafter, unclaimed                        submit jobs/distill.py, warm-started from the production drafter
+    drafter, unclaimed                        submit `python -m specdiff distill`, warm-started from production
                                               wait; a failed job is resubmitted, at most ``max_attempts`` times
     register the new drafter (lineage     <-  SUCCEEDED: the drafter folder in ``run.output_dir``
     tags, held-out τ / α_j), promote it if τ >= the production pair's τ on the same held-out prompts
@@ -37,7 +37,9 @@ from specdiff.runtime.ray_auth import auth_headers, refused_message
 from specdiff.registry import VERIFIER_PREFIX, Registry, claim_name, config_digests, model_uri
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-DISTILL_SCRIPT = Path(__file__).resolve().parents[3] / "jobs" / "distill.py"  # this checkout's CLI
+# The job's entrypoint: the package's own CLI. The package travels with the job (``py_modules``), so a cluster that
+# has the dependencies but no install of specdiff (or another version of it) runs this one.
+DISTILL_MODULE = "specdiff"
 
 
 class Jobs(Protocol):
@@ -93,7 +95,7 @@ class RealignSettings:
     poll_s: float = 5.0  # job status period
     job_timeout_s: float | None = None  # a job running longer is stopped and counts as a failed attempt
     python: str = "python"  # interpreter of the job's entrypoint on the cluster
-    working_dir: str | None = None  # uploaded as the job's working_dir (then jobs/distill.py is relative to it)
+    working_dir: str | None = None  # also uploaded, as the job's working_dir (its relative paths resolve there)
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
 
@@ -211,11 +213,13 @@ class Realigner:
         return path, out / "drafter"
 
     def entrypoint(self, config: Path) -> str:
-        script = "jobs/distill.py" if self.s.working_dir else str(DISTILL_SCRIPT)
-        return f"{shlex.quote(self.s.python)} {shlex.quote(script)} --config {shlex.quote(str(config))}"
+        return f"{shlex.quote(self.s.python)} -m {DISTILL_MODULE} distill --config {shlex.quote(str(config))}"
 
-    def runtime_env(self) -> dict | None:
-        return {"working_dir": self.s.working_dir} if self.s.working_dir else None
+    def runtime_env(self) -> dict:
+        import specdiff
+
+        env = {"py_modules": [str(Path(specdiff.__file__).parent)], "excludes": ["__pycache__"]}
+        return {**env, "working_dir": self.s.working_dir} if self.s.working_dir else env
 
     def wait(self, sid: str) -> str:
         began, last = time.monotonic(), None

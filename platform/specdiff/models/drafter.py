@@ -22,6 +22,7 @@ import torch
 
 from specdiff.core.config import DrafterConfig
 from specdiff.models.hf import HFModel
+from specdiff.runtime.extras import require
 
 DRAFTER_META = "specdiff_drafter.json"
 
@@ -79,6 +80,7 @@ class HFDiffusionDrafter:
     ) -> HFDiffusionDrafter:
         """Wrap a Hugging Face masked-diffusion model (a local folder or hub id). The mask token comes from
         ``mask_token_id``, else the tokenizer, else the model config. ``options``: the other DrafterConfig fields."""
+        require("hf", "a Hugging Face diffusion drafter (HFDiffusionDrafter.from_pretrained)", "transformers")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
@@ -283,6 +285,7 @@ def build_small_drafter(
     seed: int = 0,
 ) -> HFDiffusionDrafter:
     """A small bidirectional drafter (random init) over ``vocab_size`` tokens, mask token appended at id V."""
+    require("hf", "a small Llama-shaped drafter (build_small_drafter)", "transformers")
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -319,6 +322,7 @@ def drafter_from_verifier(
     ``shifted_logits`` (default, as DiffuCoder/Dream and DiffuLLaMA, which are adapted from AR models too): window
     position i is read from the output at i-1, which is what the inherited layers and head were trained to
     predict. Unshifted, each masked position would have to predict its own token, which they never did."""
+    require("hf", "a drafter built from the verifier's layers (drafter_from_verifier)", "transformers")
     from transformers import LlamaConfig, LlamaForCausalLM
 
     vconf = verifier.config
@@ -386,6 +390,7 @@ def load_drafter(path: str | Path, *, dtype: torch.dtype | None = None, verifier
     if not meta_file.is_file():
         raise ValueError(f"drafter path must hold {DRAFTER_META} (written by save_drafter) or a feature drafter's "
                          f"specdiff_feature_drafter.json, got {str(path)!r}")
+    require("hf", f"loading the Hugging Face drafter in {str(path)!r}", "transformers")
     from transformers import AutoModelForCausalLM  # here: a feature drafter loads without transformers
 
     meta = json.loads(meta_file.read_text())

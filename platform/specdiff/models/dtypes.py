@@ -121,7 +121,7 @@ def train_autocast_bf16(precision: str, device: str | torch.device = "cpu", hidd
 
     "auto" means a GPU that supports bf16, or a CPU with native bf16 (``cpu_has_native_bf16``) training a drafter
     at least ``AUTOCAST_MIN_HIDDEN`` wide (``hidden_size``; None: unknown, no autocast). Measured on a 2-core AMD
-    EPYC with AVX512_BF16 (torch 2.13): a step of jobs/configs/tiny.yaml's drafter (hidden 32) took 117 ms under
+    EPYC with AVX512_BF16 (torch 2.13): a step of the tiny recipe's drafter (hidden 32) took 117 ms under
     bf16 autocast against 41-52 ms in fp32 (casts dominate such small matmuls); a step of the default feature
     drafter (hidden 576, 8 trajectories x 48 blocks, one thread) 1.44 s against 2.07 s, and its held-out expected
     streak after the default recipe's 600 steps was 1.09 (fp32: see docs/feature_drafter.md). Without native bf16

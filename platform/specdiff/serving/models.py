@@ -28,8 +28,8 @@ from specdiff.models.sources import DEFAULT_VERIFIER, resolve_model_path, state_
 from specdiff.models.verifier import HFVerifier
 from specdiff.serving.config import DEFAULT_DRAFTER, DEMO, ModelSource
 
-DEFAULT_FAMILY = "smollm2"  # the default pair's registry family (jobs/build_drafter.py --register)
-BUILD_HINT = "python jobs/build_drafter.py"
+DEFAULT_FAMILY = "smollm2"  # the default pair's registry family (`specdiff build --register`)
+BUILD_HINT = "specdiff build"
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
@@ -73,7 +73,7 @@ def byte_tokenizer():
 
 
 def default_drafter_dir() -> Path:
-    """Where ``jobs/build_drafter.py`` puts the default drafter: ``$SPECDIFF_HOME/drafters/default``."""
+    """Where ``specdiff build`` puts the default drafter: ``$SPECDIFF_HOME/drafters/default``."""
     return state_dir() / "drafters" / "default"
 
 

@@ -158,7 +158,7 @@ def _drafter_dir(drafter: str) -> Path:
         folder = default_drafter_dir()
         if not folder.is_dir():
             raise ValueError(f"drafter='default': the default drafter is not built ({str(folder)!r} is missing); "
-                             "build it once with `python jobs/build_drafter.py`, or pass drafter=<folder> or "
+                             "build it once with `specdiff build`, or pass drafter=<folder> or "
                              "drafter=none")
         return folder
     folder = Path(drafter)
