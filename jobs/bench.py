@@ -88,6 +88,8 @@ def parse_args(argv=None):
                    "generate rows (--ar-drafter) always run transformers' model")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16, for every method (auto: bfloat16 "
                    "where the CPU has native bf16, else float32; the report records the resolved name)")
+    p.add_argument("--device", default="auto", help="where the models run: auto (cuda where available, else cpu), "
+                   "cpu or cuda; sampling stays on the host either way")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_out")
     p.add_argument("--mlflow", action="store_true", help="log table, JSON and plot to MLflow")
@@ -114,8 +116,10 @@ def parse_args(argv=None):
         drafters = {**{k: str(v) for k, v in found.items()}, **drafters}
         args.ar_drafter = args.ar_drafter or str(built / "smollm2-ar")
     args.drafters = drafters
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        dtype, args.dtype_reason = resolve_dtype_with_reason(args.dtype)
+        dtype, args.dtype_reason = resolve_dtype_with_reason(args.dtype, device=args.device)
     except ValueError as e:
         p.error(f"--dtype: {e}")
     args.dtype = dtype_name(dtype)  # the report names the dtype that ran, not "auto"
@@ -156,14 +160,26 @@ def label(m: Method) -> str:
     return f"{m.name} {k} Td={m.draft_temperature:g}{'' if m.lookup else ' no-lookup'} T={m.temperature:g}"
 
 
+def _on(drafter, device: str):
+    """A loaded drafter on ``device``: a feature drafter is already beside the verifier; a standalone one moves."""
+    from specdiff.models.drafter import HFDiffusionDrafter
+
+    if isinstance(drafter, HFDiffusionDrafter) and drafter.hf.device != torch.device(device):
+        return HFDiffusionDrafter(drafter.model.to(device), drafter.config)
+    return drafter
+
+
 class Runner:
     def __init__(self, args):
         dtype = parse_dtype(args.dtype)
         self.args = args
         self.model, self.tokenizer = load_causal_lm(args.verifier, dtype, backend=args.backend)
-        print(f"verifier forward: {type(self.model).__module__.split('.')[0]} (--backend {args.backend})")
+        self.model.to(args.device)
+        print(f"verifier forward: {type(self.model).__module__.split('.')[0]} (--backend {args.backend}) on "
+              f"{args.device}")
         self.verifier = HFVerifier(self.model)  # plain decoding taps nothing
-        drafters = {name: load_drafter(path, dtype=dtype, verifier=self.model) for name, path in args.drafters.items()}
+        drafters = {name: _on(load_drafter(path, dtype=dtype, verifier=self.model), args.device)
+                    for name, path in args.drafters.items()}
         if args.untrained:
             from build_drafter import untrained_drafter  # jobs/ is on sys.path when this script runs
 
@@ -176,11 +192,11 @@ class Runner:
         if args.ar_drafter:
             from transformers import AutoModelForCausalLM
 
-            self.assistant = AutoModelForCausalLM.from_pretrained(args.ar_drafter, dtype=dtype).eval()
+            self.assistant = AutoModelForCausalLM.from_pretrained(args.ar_drafter, dtype=dtype).to(args.device).eval()
         # HF generate rows need transformers' model: the same weights, loaded a second time when ours is the lean one.
         self.hf_model = self.model
         if args.ar_drafter and not type(self.model).__module__.startswith("transformers"):
-            self.hf_model = load_causal_lm(args.verifier, dtype, backend="transformers")[0]
+            self.hf_model = load_causal_lm(args.verifier, dtype, backend="transformers")[0].to(args.device)
         self.stops = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         self._calls = 0
         for model in {id(m): m for m in (self.model, self.hf_model)}.values():
