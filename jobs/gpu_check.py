@@ -32,6 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="folder for the report and logs")
     p.add_argument("--tests-timeout", type=int, default=420, help="seconds for the gpu tests (default %(default)s)")
     p.add_argument("--bench-timeout", type=int, default=150, help="seconds for the bench (default %(default)s)")
+    p.add_argument("--tests-k", default=None, metavar="EXPR", help="only the gpu tests matching this pytest -k "
+                   "expression (a rerun of some)")
     p.add_argument("--prompts-per-set", type=int, default=1, help="bench prompts per prompt set")
     p.add_argument("--max-new-tokens", type=int, default=64)
     return p.parse_args(argv)
@@ -54,7 +56,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     junit = out / "junit.xml"
     tests = run([sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-s", "-p", "no:cacheprovider",
-                 f"--junitxml={junit}", "-o", "addopts=-ra"], out / "pytest.log", args.tests_timeout, env)
+                 f"--junitxml={junit}", "-o", "addopts=-ra", *(["-k", args.tests_k] if args.tests_k else [])],
+                out / "pytest.log", args.tests_timeout, env)
     report["tests"] = {"rc": tests, "seconds": round(time.perf_counter() - t0, 1), "cases": read_junit(junit),
                        "printed": figures(out / "pytest.log")}
 

@@ -9,16 +9,19 @@ import pytest
 from specdiff.serving.load_cap import FALLBACK_CAP, LoadGate, cap_from_throughput, cap_path, read_cap
 
 
-def test_gate_admits_up_to_the_cap_then_sends_the_rest_plain():
+def test_gate_admits_up_to_the_cap_then_sends_the_rest_plain_until_it_drains():
     gate = LoadGate(2)
     assert [gate.enter() for _ in range(4)] == [True, True, False, False]
-    gate.leave()
-    gate.leave()
-    assert gate.ongoing == 2 and not gate.enter()  # two still in flight: the fifth is the third at once
-    for _ in range(3):
-        gate.leave()
-    assert gate.ongoing == 0 and gate.enter()
-    assert gate.counts == {"speculative": 3, "plain": 3}
+    gate.leave(True)
+    gate.leave(True)  # two plain ones left in flight: load is under the cap, but the plain engine is busy
+    assert gate.ongoing == 2 and not gate.enter()
+    gate.leave(False)
+    gate.leave(False)
+    assert gate.ongoing == 1 and gate.plain == 1 and not gate.enter()
+    gate.leave(False)
+    gate.leave(False)
+    assert gate.ongoing == 0 and gate.plain == 0 and gate.enter()  # drained: speculation again
+    assert gate.counts == {"speculative": 3, "plain": 4}
     with pytest.raises(ValueError, match="load cap must be >= 1, got 0"):
         LoadGate(0)
 

@@ -5,7 +5,7 @@ vLLM 0.32 has a per-batch-size schedule (``speculative_config.num_speculative_to
 cache in sync (``vllm/v1/spec_decode/llm_base_proposer.py``: "The prefill forward pass above already ran"), so a
 capped engine stays slower than plain under load (measured 0.69x at 16 requests, docs/vllm.md). The app therefore
 deploys a plain engine beside the speculative one and its ingress sends a new request to the plain engine while
-more than ``cap`` requests are in flight (``LoadGate``): below the cap speculation runs as before, above it requests
+more than ``cap`` requests are in flight, or any is still on the plain engine (``LoadGate``): below the cap speculation runs as before, above it requests
 take the plain engine. A request never moves between engines once started, so outputs stay exact either way.
 
 ``cap`` comes from ``jobs/bench_vllm.py --find-cap`` (vLLM plain and vLLM + the drafter side by side at 1, 2, 4 ...
@@ -59,27 +59,32 @@ def cap_from_throughput(throughput: dict[int, dict[str, float]], name: str, plai
 
 
 class LoadGate:
-    """Counts the requests in flight; ``enter()`` says whether a new one may speculate (True while at most ``cap``
-    are in flight, itself included) and must be paired with ``leave()``."""
+    """Counts the requests in flight; ``enter()`` says whether a new one may speculate and must be paired with
+    ``leave(speculated)``. A request speculates while at most ``cap`` are in flight (itself included) and none is on
+    the plain engine: once load has sent requests there, new ones follow until it drains, so under sustained load the
+    two engines do not run side by side (on one machine they share its cores)."""
 
     def __init__(self, cap: int):
         if cap < 1:
             raise ValueError(f"load cap must be >= 1, got {cap}")
         self.cap = cap
         self.ongoing = 0
+        self.plain = 0  # of ``ongoing``, on the plain engine
         self.counts = {"speculative": 0, "plain": 0}
         self._lock = threading.Lock()
 
     def enter(self) -> bool:
         with self._lock:
             self.ongoing += 1
-            speculate = self.ongoing <= self.cap
+            speculate = self.ongoing <= self.cap and self.plain == 0
+            self.plain += not speculate
             self.counts["speculative" if speculate else "plain"] += 1
             return speculate
 
-    def leave(self) -> None:
+    def leave(self, speculated: bool) -> None:
         with self._lock:
             self.ongoing -= 1
+            self.plain -= not speculated
 
 
 def _folder_digest(folder: Path) -> str:

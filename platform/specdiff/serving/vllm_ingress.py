@@ -1,8 +1,8 @@
 """The vLLM app's ingress: Ray Serve LLM's OpenAI ingress, plus the load cap (``specdiff.serving.load_cap``).
 
 A request for the speculative model goes to the speculative engine while at most ``cap`` such requests are in flight
-through this ingress replica (itself included), and to the plain engine (``<model_id>-plain``, the same verifier
-without a drafter) above that; its response names the engine that served it (``model``). The count is this
+through this ingress replica (itself included) and none of them is on the plain engine (``<model_id>-plain``, the
+same verifier without a drafter), else to the plain engine (``LoadGate``); its response names the engine that served it (``model``). The count is this
 replica's: with several ingress replicas each admits up to ``cap``. Imported only with vLLM installed
 (``ray.serve.llm`` needs it).
 """
@@ -37,4 +37,4 @@ class LoadCappedIngress(OpenAiIngress):
             async for response in super()._get_response(body=body, call_method=call_method, raw_request=raw_request):
                 yield response
         finally:
-            self.gate.leave()
+            self.gate.leave(speculate)
