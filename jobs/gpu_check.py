@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -121,8 +122,8 @@ def read_junit(path: Path) -> list[dict]:
 def figures(log: Path) -> list[str]:
     """The lines the tests print (identity counts and margins, the tree/plain ratio, the distillation run)."""
     keys = ("outputs differ", "ratio", "distillation on")
-    return [line.strip().lstrip(".") for line in log.read_text().splitlines() if any(k in line for k in keys)] \
-        if log.is_file() else []
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return [re.sub(r"^\S+\.py\s+", "", line.strip().lstrip(".")) for line in lines if any(k in line for k in keys)]
 
 
 def bench_summary(folder: Path) -> dict:
