@@ -66,6 +66,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--outputs", action="store_true", help="also write every method's token ids to the JSON report "
                    "(key 'outputs': method -> one list per prompt)")
     p.add_argument("--kv-cache-gb", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE per engine (CPU build)")
+    p.add_argument("--find-cap", action="store_true",
+                   help="measure the vLLM app's load cap instead: vLLM plain and vLLM + the drafter only, side by side "
+                   "at every --concurrency (default 1 2 4 8 16), --repeats times; keeps the crossover for this machine "
+                   "under $SPECDIFF_HOME/vllm-cap (specdiff.serving.load_cap), where serve_apps.specdiff_vllm reads it")
+    p.add_argument("--repeats", type=int, default=2, help="--find-cap: rounds over the concurrencies (averaged)")
+    p.add_argument("--dtype", default="float32", help="--find-cap: the engines' dtype (the app's dtype=auto resolves "
+                   "to bfloat16 on a GPU or a CPU with native bf16)")
     p.add_argument("--out", default="bench-vllm")
     return p.parse_args(argv)
 
@@ -94,6 +101,8 @@ def main(argv=None) -> int:
               "(optional)')", file=sys.stderr)
         return 2
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gb))
+    if args.find_cap:
+        return find_cap(args)
     import torch
     from vllm import LLM
     from vllm import SamplingParams as VllmSampling
@@ -210,6 +219,87 @@ def main(argv=None) -> int:
     engines.clear()  # the engines' processes end with their last reference
     gc.collect()
     return 0 if report["vllm_outputs_equal_plain"] else 1
+
+
+def find_cap(args) -> int:
+    """``--find-cap``: vLLM plain and vLLM + our drafter (the app's export: copies and confidence cut on), loaded side
+    by side; at each concurrency N both decode the same N prompts back to back, ``--repeats`` rounds; the cap is the
+    crossover of the summed throughputs (``specdiff.serving.load_cap.cap_from_throughput``)."""
+    import platform as host
+
+    from vllm import LLM
+    from vllm import SamplingParams as VllmSampling
+    from vllm.inputs import TokensPrompt
+
+    from specdiff.distill.selfwritten import packaged
+    from specdiff.models.dtypes import cpuinfo_value
+    from transformers import AutoTokenizer
+
+    from specdiff.models.sources import DEFAULT_VERIFIER, default_verifier_path, state_dir
+    from specdiff.prompts import eval_prompts, prompt_ids
+    from specdiff.runtime import machine_cache
+    from specdiff.serving.load_cap import cap_from_throughput, cap_path
+    from specdiff.serving.vllm_app import export_for_vllm
+
+    drafter_dir = Path(args.drafter) if args.drafter else state_dir() / "drafters" / "default"
+    if not drafter_dir.is_dir():
+        print(f"error: no drafter at {drafter_dir}; build one with `python jobs/build_drafter.py` or pass --drafter",
+              file=sys.stderr)
+        return 2
+    verifier_dir = default_verifier_path()
+    export = export_for_vllm(drafter_dir, verifier_dir)  # what the app serves
+    gamma = min(args.gamma, export.num_speculative_tokens)
+    tokenizer = AutoTokenizer.from_pretrained(str(verifier_dir))
+    sets = eval_prompts(args.domains, args.prompts_per_domain, lambda n: packaged(DEFAULT_VERIFIER)["heldout"][:n])
+    prompts = [prompt_ids(tokenizer, p) for ps in sets.values() for p in ps]
+    concurrency = sorted({c for c in args.concurrency if c > 0}) if args.concurrency != [16] else [1, 2, 4, 8, 16]
+    engines = {}
+    for name, spec in (("vllm_plain", None), ("vllm_ours", export.speculative_config(gamma))):
+        t0 = time.perf_counter()
+        engines[name] = LLM(model=str(verifier_dir), dtype=args.dtype, enforce_eager=args.eager, max_model_len=2048,
+                            max_num_seqs=max(64, max(concurrency)), seed=0, speculative_config=spec)
+        print(f"[bench_vllm] {name} loaded in {time.perf_counter() - t0:.0f} s", flush=True)
+    greedy = VllmSampling(temperature=0.0, max_tokens=args.max_new_tokens, ignore_eos=False)
+
+    def run(name, batch):
+        results = engines[name].generate([TokensPrompt(prompt_token_ids=p) for p in batch], greedy, use_tqdm=False)
+        return [list(r.outputs[0].token_ids) for r in results]
+
+    for name in engines:
+        run(name, [prompts[0][:8]])
+    tokens = {n: {k: 0 for k in engines} for n in concurrency}
+    seconds = {n: {k: 0.0 for k in engines} for n in concurrency}
+    differ = 0
+    for r in range(args.repeats):
+        for n in concurrency:
+            batch = [prompts[(i + r * n) % len(prompts)] for i in range(n)]
+            outs = {}
+            for name in (engines if r % 2 == 0 else reversed(list(engines))):  # alternate who goes first
+                t0 = time.perf_counter()
+                outs[name] = run(name, batch)
+                seconds[n][name] += time.perf_counter() - t0
+                tokens[n][name] += sum(len(t) for t in outs[name])
+            differ += sum(a != b for a, b in zip(outs["vllm_ours"], outs["vllm_plain"]))
+            print(f"[bench_vllm] round {r + 1}, {n} at once: " + ", ".join(
+                f"{k} {tokens[n][k] / seconds[n][k]:.1f} tok/s" for k in engines), flush=True)
+    throughput = {n: {k: tokens[n][k] / seconds[n][k] for k in engines} for n in concurrency}
+    cap = cap_from_throughput(throughput, "vllm_ours")
+    record = {"cap": cap, "gamma": gamma, "dtype": args.dtype, "eager": args.eager, "repeats": args.repeats,
+              "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "machine": cpuinfo_value("model name")
+              or host.processor(), "cpus": os.cpu_count(), "machine_facts": machine_cache.machine(),
+              "throughput_by_concurrency": {n: {k: round(v, 2) for k, v in t.items()} for n, t in throughput.items()},
+              "outputs_differing_from_vllm_plain": differ, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "drafter": str(drafter_dir)}
+    path = cap_path(state_dir(), verifier_dir, drafter_dir, gamma, args.dtype)
+    machine_cache.write_json(path, record)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "vllm_cap.json").write_text(json.dumps(record, indent=1))
+    print(json.dumps(record, indent=1))
+    print(f"[bench_vllm] load cap {cap} (kept at {path})", flush=True)
+    engines.clear()
+    gc.collect()
+    return 0 if differ == 0 or args.dtype != "float32" else 1
 
 
 def build_report(args, rows, outputs, counted, throughput, load_s, gamma, prompts) -> dict:

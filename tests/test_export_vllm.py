@@ -239,3 +239,21 @@ def test_bench_vllm_crossover_is_where_speculation_stops_keeping_up():
          "vllm_ngram": 70}, 16: {"vllm_plain": 130, "vllm_ours": 100, "vllm_ngram": 140}}
     assert crossover(t) == {"vllm_ours": 4, "vllm_ngram": None}  # slower at 1 already: none, even if faster later
     assert crossover({}) == {}
+
+
+def test_serve_app_load_cap_auto_reads_this_machines_measurement(pair, tmp_path, monkeypatch):
+    """load_cap=auto: the cap jobs/bench_vllm.py --find-cap kept for this machine, verifier, drafter, γ and dtype;
+    without one, the fallback (speculation only for a request alone)."""
+    from specdiff.serving.load_cap import FALLBACK_CAP, cap_path
+    from specdiff.serving.vllm_app import VLLMAppConfig, resolve_load_cap
+
+    _, _, root = pair
+    monkeypatch.setenv("SPECDIFF_HOME", str(tmp_path))
+    cfg = VLLMAppConfig(verifier=str(root / "verifier"), drafter=str(root / "drafter"), gamma=4, dtype="float32")
+    cap, why = resolve_load_cap(cfg)
+    assert cap == FALLBACK_CAP and "--find-cap" in why
+    path = cap_path(tmp_path, root / "verifier", root / "drafter", 4, "float32")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"cap": 6}))
+    assert resolve_load_cap(cfg) == (6, f"measured ({path})")
+    assert resolve_load_cap(cfg.model_copy(update={"gamma": 3}))[0] == FALLBACK_CAP  # measured at γ=4 only

@@ -1,7 +1,7 @@
 """``serve_apps.specdiff_vllm:app``: the embedded default verifier with a feature drafter inside vLLM, served by Ray
 Serve LLM on this CPU. Greedy replies equal the verifier's greedy text, alone and with more requests at once than
-``speculation_max_batch`` (where vLLM's dynamic schedule drafts nothing), and vLLM's spec-decode counters show the
-drafter accepted. Runs in the vLLM virtualenv (``-m vllm``)."""
+``load_cap`` (the ingress then sends the rest to the plain engine, which the replies name), and vLLM's spec-decode
+counters show the drafter accepted. Runs in the vLLM virtualenv (``-m vllm``)."""
 
 import os
 import time
@@ -48,7 +48,7 @@ def served(serve_cluster, tmp_path_factory):
         torch.set_num_threads(threads)
     folder = tmp_path_factory.mktemp("vllm-serve") / "drafter"
     save_feature_drafter(drafter, folder)
-    app = build_vllm_app({"drafter": str(folder), "gamma": 4, "speculation_max_batch": 2, "max_num_seqs": 8,
+    app = build_vllm_app({"drafter": str(folder), "gamma": 4, "load_cap": 2, "max_num_seqs": 8,
                           "max_model_len": 1024, "dtype": "float32"})
     run_app(app, "vllm", "/vllm", timeout_s=900)
     texts = [tokenizer.decode(g, skip_special_tokens=True) for g in greedy]
@@ -72,17 +72,22 @@ def _accepted() -> float:
 
 
 def test_one_request_equals_greedy_and_the_drafter_accepts(served):
-    assert [m["id"] for m in requests.get(BASE + "/vllm/v1/models", timeout=60).json()["data"]] == [MODEL]
+    models = [m["id"] for m in requests.get(BASE + "/vllm/v1/models", timeout=60).json()["data"]]
+    assert sorted(models) == [MODEL, MODEL + "-plain"]
     before = _accepted()
     out = _chat(served["messages"][0])
     assert out["choices"][0]["message"]["content"] == served["texts"][0]
     deadline = time.monotonic() + 60  # Ray exports the engine's counters every few seconds
     while _accepted() <= before and time.monotonic() < deadline:
         time.sleep(1)
-    assert _accepted() > before  # speculation ran (batch 1 <= speculation_max_batch)
+    assert out["model"] == MODEL  # one request in flight: the speculative engine
+    assert _accepted() > before  # speculation ran (1 request <= load_cap)
 
 
-def test_more_requests_than_speculation_max_batch_stay_exact(served):
+def test_more_requests_than_the_load_cap_take_the_plain_engine_and_stay_exact(served):
     with ThreadPoolExecutor(6) as pool:
         outs = list(pool.map(_chat, served["messages"]))
     assert [o["choices"][0]["message"]["content"] for o in outs] == served["texts"]
+    engines = [o["model"] for o in outs]
+    print("engines:", engines)
+    assert MODEL + "-plain" in engines  # six at once, cap 2: at least one went to the plain engine

@@ -144,7 +144,7 @@ def finish_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
         args.ar_drafter = args.ar_drafter or str(built / "smollm2-ar")
     args.drafters = drafters
     try:
-        dtype, args.dtype_reason = resolve_dtype_with_reason(args.dtype)
+        dtype, args.dtype_reason = resolve_dtype_with_reason(args.dtype, device=args.device)
     except ValueError as e:
         p.error(f"--dtype: {e}")
     args.dtype = dtype_name(dtype)  # the report names the dtype that ran, not "auto"
@@ -185,6 +185,15 @@ def label(m: Method) -> str:
     return f"{m.name} {k} Td={m.draft_temperature:g}{'' if m.lookup else ' no-lookup'} T={m.temperature:g}"
 
 
+def _on(drafter, device: str):
+    """A loaded drafter on ``device``: a feature drafter is already beside the verifier; a standalone one moves."""
+    from specdiff.models.drafter import HFDiffusionDrafter
+
+    if isinstance(drafter, HFDiffusionDrafter) and drafter.hf.device != torch.device(device):
+        return HFDiffusionDrafter(drafter.model.to(device), drafter.config)
+    return drafter
+
+
 class Runner:
     def __init__(self, args):
         dtype = parse_dtype(args.dtype)
@@ -198,9 +207,7 @@ class Runner:
             from specdiff.lifecycle.build import untrained_drafter
 
             drafters["untrained"] = untrained_drafter(self.model)
-        for d in drafters.values():
-            if isinstance(getattr(d, "model", None), torch.nn.Module):
-                d.model.to(args.device)
+        drafters = {name: _on(d, args.device) for name, d in drafters.items()}
         # A feature drafter's verifier keeps the tapped states of its own scoring passes.
         self.decoders = {name: SpeculativeDecoder(d, HFVerifier(self.model, tap_layers=getattr(d, "tap_layers", None)))
                          for name, d in drafters.items()}

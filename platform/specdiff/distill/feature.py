@@ -82,7 +82,7 @@ def feature_loss(drafter: FeatureDrafter, runner: torch.nn.Module, objective, re
     if not bool(batch.valid.any()):
         raise ValueError(f"no trajectory is long enough for a window of gamma={gamma}")
     hidden = anchor_hidden(drafter, runner, tokens, feats, batch, gamma)[batch.valid]  # [W, γ, H]
-    labels = drafter.draft_labels(batch.labels[batch.valid])  # [W, γ]; -1 outside the draft vocabulary
+    labels = drafter.draft_labels(batch.labels[batch.valid]).to(hidden.device)  # [W, γ]; -1 outside the draft vocabulary
     # log q_j(label_j) through the verifier's (sliced, frozen) head, a chunk of rows at a time.
     weight = drafter.head_weight.detach()[: drafter.vocab_size]  # as ``FeatureDrafter.logits`` scores
     logp = head_label_logprobs(hidden, weight, labels, objective.temperature)
@@ -194,6 +194,7 @@ def teacher_forced_eval(drafter: FeatureDrafter, verifier: HFModel, records: Seq
         drafts = out.argmax(-1)
         if drafter.config.draft_vocab_size is not None:
             drafts = drafter.model.draft_ids[drafts]
+        drafts = drafts.cpu()  # beside the labels (host)
         survive = (drafts == labels).view(-1, gamma).double().cumprod(-1)
         reach = torch.cat([torch.ones(len(survive), 1, dtype=torch.float64), survive[:, :-1]], 1)  # [W, γ]
         cut += int(((labels < 0).view(-1, gamma) & reach.bool()).any(-1).sum())  # a streak reached an unknown label

@@ -246,7 +246,9 @@ def train_loop(loop_config: dict) -> None:
     t, o = cfg.train, cfg.objective
     say = loop_config.get("events") or Emitter()  # rank 0's progress: its log line, and the driver's relay if any
 
-    verifier_model = load_verifier_model(record["path"], cfg.verifier.dtype)
+    # On the worker's device (a GPU with use_gpu): a feature drafter reads its embeddings and head, rank 0 evaluates
+    # with it. Index tensors and sampling stay on the host; they meet the weights at the forward passes.
+    verifier_model = load_verifier_model(record["path"], cfg.verifier.dtype).to(device)
     drafter = build_drafter(cfg, verifier_model, loop_config.get("draft_vocabulary"))
     feature = isinstance(drafter, FeatureDrafter)
     if rank != 0 and not feature:

@@ -338,6 +338,7 @@ def drafter_from_verifier(
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(next(verifier.parameters()).dtype)
+    model.to(next(verifier.parameters()).device)  # built on the host (same weights everywhere), used beside the verifier
     with torch.no_grad():
         for dst, i in zip(model.model.layers, layers):
             dst.load_state_dict(src_layers[i].state_dict())

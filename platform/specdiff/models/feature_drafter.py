@@ -206,7 +206,8 @@ class FeatureDraftModel(nn.Module):
 
     def context(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """features [B, C, taps*H_t], positions [B, C] -> per layer (keys, values) [B, kv, C, D]."""
-        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        w = self.fc.weight  # features arrive from the host (a session keeps them there); projected where the weights are
+        ctx = self.hidden_norm(self.fc(features.to(w.device, w.dtype)))
         return [layer.self_attn.keys_values(ctx, positions) for layer in self.layers]
 
     def forward(self, features, ctx_positions, embeds, positions, mask) -> torch.Tensor:
@@ -262,6 +263,10 @@ class FeatureDrafter:
     @property
     def dtype(self) -> torch.dtype:
         return self.model.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.fc.weight.device
 
     def reset(self) -> None:
         with self._lock:
@@ -347,19 +352,21 @@ class FeatureDrafter:
         pending token, so n = start; tokens between n and the anchor, if any, are not seen."""
         m = self.model
         n = 0 if kv is None else int(kv[0][0].shape[2])
-        anchor = torch.tensor([int(anchor)])
-        embeds = block_embeds(self.embed, m.mask_embedding, anchor, gamma).to(self.dtype)
-        positions = torch.arange(start, start + gamma + 1)[None]
+        device = self.device
+        anchor = torch.tensor([int(anchor)], device=self.embed.weight.device)
+        embeds = block_embeds(self.embed, m.mask_embedding, anchor, gamma).to(device, self.dtype)
+        positions = torch.arange(start, start + gamma + 1, device=device)[None]
         q = gamma + 1
         if kv is None:
             c = self.config
-            empty = torch.zeros(1, c.num_kv_heads, 0, c.head_dim, dtype=self.dtype)
+            empty = torch.zeros(1, c.num_kv_heads, 0, c.head_dim, dtype=self.dtype, device=device)
             kv = [(empty, empty)] * c.num_layers
             n = 0
-        mask = torch.ones(1, q, n + q, dtype=torch.bool)
+        mask = torch.ones(1, q, n + q, dtype=torch.bool, device=device)
         hidden = m.block(embeds, positions, kv, mask)  # [1, Q, H]
         probs = self.logits(hidden[:, 1:])[0].float().softmax(-1)  # [gamma, V or V_draft]
-        return self.to_vocab(probs)
+        # To the host once per round: candidates are sampled there from per-round CPU generators (core.rounds).
+        return self.to_vocab(probs).cpu()
 
     def tune_kernels(self, cache_dir: Path | None = None) -> tuple[int, ...]:
         """Decoding on a CPU: time the two forms of the few-row products on the draft layers' weights (once per
@@ -393,9 +400,10 @@ class FeatureDrafter:
         """Target token ids -> draft-vocabulary indices (-1 where the token is outside the draft vocabulary)."""
         if self.config.draft_vocab_size is None:
             return labels
-        table = torch.full((self.vocab_size,), -1, dtype=torch.long)
-        table[self.model.draft_ids] = torch.arange(self.config.draft_vocab_size)
-        return table[labels]
+        ids = self.model.draft_ids
+        table = torch.full((self.vocab_size,), -1, dtype=torch.long, device=ids.device)
+        table[ids] = torch.arange(self.config.draft_vocab_size, device=ids.device)
+        return table[labels.to(ids.device)].to(labels.device)
 
     def set_draft_vocabulary(self, token_ids: torch.Tensor) -> None:
         """Fix the draft vocabulary (before training): ``token_ids`` [V_draft] target ids, most frequent first."""
@@ -462,7 +470,7 @@ def build_feature_drafter(verifier: nn.Module, *, num_layers: int = 1, target_la
     embed, head = verifier_embeddings(verifier)
     with torch.no_grad():
         model.mask_embedding.copy_(embed.weight.float().mean(0))
-    return FeatureDrafter(model.to(dtype), embed, head)
+    return FeatureDrafter(model.to(embed.weight.device, dtype), embed, head)  # beside the verifier's embeddings
 
 
 @torch.no_grad()
@@ -551,7 +559,7 @@ def load_feature_drafter(path: str | Path, verifier: nn.Module, *, dtype: torch.
     dtype = dtype or next(verifier.parameters()).dtype
     embed, head = verifier_embeddings(verifier)
     record = {k: v for k, v in meta.items() if k not in ("kind", "config")}
-    drafter = FeatureDrafter(model.to(dtype), embed, head, record=record)
+    drafter = FeatureDrafter(model.to(embed.weight.device, dtype), embed, head, record=record)
     if tune_kernels:
         from specdiff.models.sources import state_dir
 
@@ -641,12 +649,14 @@ def anchor_hidden(drafter: FeatureDrafter, model: nn.Module, tokens: torch.Tenso
     positions = torch.arange(length)[None].expand(b, -1)
     anchor_ids = tokens.gather(1, batch.anchors)  # [B, A]
     core = drafter.model  # the parameters (``model`` may be a DDP wrapper around it)
-    embeds = block_embeds(drafter.embed, core.mask_embedding, anchor_ids.reshape(-1), gamma)
-    embeds = embeds.view(b, a * q, -1).to(core.fc.weight.dtype)
+    device = core.fc.weight.device  # index tensors are built on the host; they meet the weights here
+    embeds = block_embeds(drafter.embed, core.mask_embedding, anchor_ids.reshape(-1).to(drafter.embed.weight.device),
+                          gamma)
+    embeds = embeds.view(b, a * q, -1).to(device, core.fc.weight.dtype)
     block_pos = (batch.anchors[..., None] + torch.arange(q)).view(b, a * q)  # [B, A*Q]
     # Block i sees context positions < its anchor, and its own Q rows.
     ctx_ok = torch.arange(length)[None, None, :] < batch.anchors.repeat_interleave(q, 1)[..., None]  # [B, AQ, L]
     block_id = torch.arange(a).repeat_interleave(q)
     own = (block_id[:, None] == block_id[None, :])[None].expand(b, -1, -1)  # [B, AQ, AQ]
-    mask = torch.cat([ctx_ok, own], -1)
+    mask = torch.cat([ctx_ok, own], -1).to(device)
     return model(features, positions, embeds, block_pos, mask).view(b, a, q, -1)[:, :, 1:]  # [B, A, gamma, H]

@@ -108,6 +108,9 @@ class HFModel:
 
         ``taps`` (decoder layer indices): also return the outputs of those layers from the same pass, concatenated
         -> (logits, features [B, S, len(taps) * H]); layer i's output is Hugging Face's ``hidden_states[i + 1]``."""
+        # Inputs are built on the host (token ids, masks, positions are small); they meet the weights here, once.
+        attention_mask = None if attention_mask is None else attention_mask.to(self.device)
+        position_ids = None if position_ids is None else position_ids.to(self.device)
         kwargs = {"attention_mask": attention_mask, "position_ids": position_ids, "use_cache": cache is not None}
         if cache is not None:
             kwargs[self._cache_kwarg] = cache

@@ -133,6 +133,9 @@ def _dtype(source: ModelSource) -> torch.dtype:
 
 
 def _device() -> str:
+    """Where a replica's models live: the GPU Ray Serve gave the replica (``num_gpus``; CUDA_VISIBLE_DEVICES makes it
+    ``cuda``), else the CPU. Everything built per request (token ids, trees, masks) is made on the host and moved at
+    the model's forward; sampling stays on the host (``specdiff.core.rounds``)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -170,8 +173,8 @@ def verifier_model(source: ModelSource) -> torch.nn.Module:
         if source.backend == "specdiff":  # the same weights in the lean forward (what a real Llama verifier runs)
             from specdiff.models.llama import from_state
 
-            return from_state(model.config.to_dict(), model.state_dict())
-        return model
+            model = from_state(model.config.to_dict(), model.state_dict())
+        return model.to(_device())
     if source.backend != "transformers" and source.device_map is None:
         from specdiff.models.llama import load_llama
 
@@ -260,10 +263,10 @@ def load_drafter(source: ModelSource, model: torch.nn.Module | None = None) -> D
     if source.drafter == DEMO:
         if source.verifier != DEMO:
             raise ValueError("drafter='demo' only pairs with verifier='demo'; give a drafter folder for a real verifier")
-        return build_small_drafter(
+        drafter = build_small_drafter(
             len(byte_tokenizer()), hidden_size=64, num_layers=1, num_heads=4, seed=source.demo_seed + 1
-        )
-    if source.drafter.startswith("hf:"):
+        )  # built on the host from its seed (the same weights everywhere), then moved
+    elif source.drafter.startswith("hf:"):
         drafter = HFDiffusionDrafter.from_pretrained(
             source.drafter[3:], dtype=_dtype(source), trust_remote_code=source.trust_remote_code, **source.drafter_options
         )

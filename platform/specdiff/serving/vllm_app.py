@@ -8,10 +8,13 @@ Ray Serve LLM runs on CPUs too (Ray 2.60: a placement group of CPU bundles; this
 ``num_gpus`` is 0), so one code path serves a laptop and an A100 pool. The drafter is exported once per drafter
 digest to ``$SPECDIFF_HOME/vllm`` (``specdiff.vllm.export``) and loaded by vLLM as speculative method ``dflash``.
 
-Speculation under load: ``speculation_max_batch`` becomes vLLM's dynamic schedule
-(``num_speculative_tokens_per_batch_size``: γ tokens while the engine's batch holds at most that many requests,
-0 above), so a busy engine stops drafting where speculation stops paying (measure the crossover with
-``jobs/bench_vllm.py --concurrency``).
+Speculation under load: ``load_cap`` (default ``auto``: the cap measured on this machine by ``jobs/bench_vllm.py
+--find-cap``, else ``specdiff.serving.load_cap.FALLBACK_CAP``) deploys a plain engine beside the speculative one, and
+the ingress sends a new request to the plain engine while more than ``load_cap`` are in flight
+(``specdiff.serving.vllm_ingress``). vLLM's own switch, ``speculation_max_batch`` (its dynamic schedule
+``num_speculative_tokens_per_batch_size``: γ tokens while the engine's batch holds at most that many requests, 0
+above), stays available, but vLLM 0.32 still runs the drafter's forward on a step that drafts nothing, so a capped
+engine stays slower than plain under load (``specdiff.serving.load_cap``).
 
 Which to pick (docs/vllm.md): the split-pool app (``serve_apps.specdiff:app``) for the latency of each request
 (self-selection over K candidates, the adaptive policy, drafter and verifier on their own pools); this one for
@@ -23,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -50,7 +53,13 @@ class VLLMAppConfig(_Strict):
                                                "probabilities stays at or above this (specdiff.vllm.plugin); none: "
                                                "every window whole.")
     speculation_max_batch: int | None = Field(None, ge=1, description="Speculate while the engine's batch holds at "
-                                              "most this many requests, not above (none: always).")
+                                              "most this many requests, not above (none: always). vLLM's dynamic "
+                                              "schedule: the drafter's forward still runs above it.")
+    load_cap: int | Literal["auto"] | None = Field("auto", description="Send a new request to a plain engine (the "
+                                                   "verifier alone, model '<model_id>-plain') while more than this "
+                                                   "many are in flight; auto: the cap measured on this machine "
+                                                   "(jobs/bench_vllm.py --find-cap), else 1; none: one engine, no "
+                                                   "cap. A GPU deployment gives the plain engine its own num_gpus.")
     max_num_seqs: int = Field(64, ge=1, description="vLLM: requests batched per step.")
     max_model_len: int = Field(2048, ge=16, description="vLLM: context length per request.")
     dtype: str = Field("auto", description="auto (specdiff.models.dtypes: bf16 on a GPU or a CPU with native bf16, else "
@@ -74,6 +83,8 @@ class VLLMAppConfig(_Strict):
             raise ValueError(f"accelerator_type={self.accelerator_type!r} needs num_gpus > 0")
         if self.speculation_max_batch is not None and self.drafter is None:
             raise ValueError("speculation_max_batch needs a drafter")
+        if isinstance(self.load_cap, int) and self.load_cap < 1:
+            raise ValueError(f"load_cap must be >= 1, 'auto' or none, got {self.load_cap}")
         return self
 
 
@@ -117,14 +128,13 @@ def _digest(folder: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def llm_config(cfg: VLLMAppConfig):
-    """The ``ray.serve.llm.LLMConfig`` of the app."""
+def llm_config(cfg: VLLMAppConfig, *, plain: bool = False):
+    """The ``ray.serve.llm.LLMConfig`` of the app's engine (``plain``: the verifier alone, ``<model_id>-plain``)."""
     from ray.serve.llm import LLMConfig
 
     from specdiff.models.dtypes import dtype_name, resolve_dtype
 
-    verifier_dir = default_verifier_path() if cfg.verifier == DEFAULT_VERIFIER else Path(resolve_model_path(
-        cfg.verifier))
+    verifier_dir = _verifier_dir(cfg)
     gpu = cfg.num_gpus > 0
     engine = {
         "dtype": dtype_name(resolve_dtype(cfg.dtype, device="cuda" if gpu else "cpu")),
@@ -133,10 +143,8 @@ def llm_config(cfg: VLLMAppConfig):
         "enforce_eager": (not gpu) if cfg.enforce_eager is None else cfg.enforce_eager,
         "disable_log_stats": False,  # spec-decode counters on the metrics endpoint
     }
-    if cfg.drafter is not None:
-        drafter_dir = _drafter_dir(cfg.drafter)
-        export = export_for_vllm(drafter_dir, verifier_dir, prompt_lookup=cfg.prompt_lookup,
-                                 min_draft_confidence=cfg.min_draft_confidence)
+    if cfg.drafter is not None and not plain:
+        export = _export(cfg, verifier_dir)
         engine["speculative_config"] = speculative_config(export, cfg.gamma, cfg.speculation_max_batch,
                                                           cfg.max_num_seqs)
     engine.update(cfg.engine_kwargs)
@@ -147,8 +155,38 @@ def llm_config(cfg: VLLMAppConfig):
     else:  # a CPU deployment: one CPU bundle for the engine (Ray 2.60 infers the CPU backend from it)
         kwargs["placement_group_config"] = {"bundles": [{"CPU": cfg.num_cpus}]}
         deployment["ray_actor_options"] = {"num_cpus": 0}
-    return LLMConfig(model_loading_config={"model_id": cfg.model_id, "model_source": str(verifier_dir)},
+    model_id = plain_model_id(cfg) if plain else cfg.model_id
+    return LLMConfig(model_loading_config={"model_id": model_id, "model_source": str(verifier_dir)},
                      engine_kwargs=engine, deployment_config=deployment, **kwargs)
+
+
+def plain_model_id(cfg: VLLMAppConfig) -> str:
+    return f"{cfg.model_id}-plain"
+
+
+def resolve_load_cap(cfg: VLLMAppConfig) -> tuple[int | None, str]:
+    """(the load cap, where it came from); None without a drafter or with ``load_cap`` none."""
+    if cfg.drafter is None or cfg.load_cap is None:
+        return None, "no cap (load_cap=none)" if cfg.drafter is not None else "no drafter"
+    if cfg.load_cap != "auto":
+        return int(cfg.load_cap), "load_cap"
+    from specdiff.models.dtypes import dtype_name, resolve_dtype
+    from specdiff.serving.load_cap import cap_path, read_cap
+
+    verifier_dir = _verifier_dir(cfg)
+    export = _export(cfg, verifier_dir)
+    dtype = dtype_name(resolve_dtype(cfg.dtype, device="cuda" if cfg.num_gpus > 0 else "cpu"))
+    gamma = min(cfg.gamma, export.num_speculative_tokens)
+    return read_cap(cap_path(state_dir(), verifier_dir, _drafter_dir(cfg.drafter), gamma, dtype))
+
+
+def _verifier_dir(cfg: VLLMAppConfig) -> Path:
+    return default_verifier_path() if cfg.verifier == DEFAULT_VERIFIER else Path(resolve_model_path(cfg.verifier))
+
+
+def _export(cfg: VLLMAppConfig, verifier_dir: Path):
+    return export_for_vllm(_drafter_dir(cfg.drafter), verifier_dir, prompt_lookup=cfg.prompt_lookup,
+                           min_draft_confidence=cfg.min_draft_confidence)
 
 
 def _drafter_dir(drafter: str) -> Path:
@@ -168,11 +206,22 @@ def _drafter_dir(drafter: str) -> Path:
 
 
 def build_vllm_app(args: dict[str, Any] | VLLMAppConfig | None = None):
-    """An OpenAI-compatible Serve application (``ray.serve.llm.build_openai_app``) for ``args``."""
+    """An OpenAI-compatible Serve application (``ray.serve.llm.build_openai_app``) for ``args``: with a drafter and a
+    load cap, the speculative engine and a plain one behind ``specdiff.serving.vllm_ingress.LoadCappedIngress``."""
     from ray.serve.llm import build_openai_app
 
     cfg = args if isinstance(args, VLLMAppConfig) else VLLMAppConfig.model_validate(_none_strings(args or {}))
-    return build_openai_app({"llm_configs": [llm_config(cfg)]})
+    cap, source = resolve_load_cap(cfg)
+    if cap is None:
+        return build_openai_app({"llm_configs": [llm_config(cfg)]})
+    from specdiff.serving.vllm_ingress import LoadCappedIngress
+
+    print(f"[specdiff_vllm] load cap {cap} ({source}): above it requests take {plain_model_id(cfg)!r}", flush=True)
+    return build_openai_app({
+        "llm_configs": [llm_config(cfg), llm_config(cfg, plain=True)],
+        "ingress_cls_config": {"ingress_cls": LoadCappedIngress, "ingress_extra_kwargs": {
+            "speculative_model_id": cfg.model_id, "plain_model_id": plain_model_id(cfg), "cap": cap}},
+    })
 
 
 def _none_strings(args: dict[str, Any]) -> dict[str, Any]:
