@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 
 from specdiff.models.sources import DEFAULT_VERIFIER, state_dir
-from specdiff.lineage.publish import publishing
+from specdiff.runtime.publish import publishing
 
 JOBS = Path(__file__).resolve().parent
 CONFIGS = JOBS / "configs"
@@ -389,7 +389,8 @@ def register_default(target: Path) -> str:
     from specdiff.distill.evaluate import HeldoutSpec
     from specdiff.distill.teacher import verifier_record
     from specdiff.models.sources import resolve_model_path
-    from specdiff.registry import DRAFTER_PREFIX, VERIFIER_PREFIX, Registry, config_digests, model_uri
+    from specdiff.lifecycle.evaluate import Registry
+    from specdiff.registry import DRAFTER_PREFIX, VERIFIER_PREFIX, config_digests, model_uri
 
     reg = Registry()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 # Run from a checkout without installing: the library lives in <repo>/platform.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
-from specdiff.lineage import publish  # noqa: E402
+from specdiff.runtime import publish  # noqa: E402
 from specdiff.distill import load_config, run  # noqa: E402
 from specdiff.distill.datasets import DatasetError  # noqa: E402
 

@@ -53,7 +53,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from specdiff.lifecycle.realign import RayJobs, RealignSettings, Realigner
-    from specdiff.registry import Registry
+    from specdiff.lifecycle.evaluate import Registry
 
     settings = RealignSettings(
         family=args.family, config=args.config, overrides=tuple(args.overrides), heldout=args.heldout,

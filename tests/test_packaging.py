@@ -28,7 +28,7 @@ HOME: dict[str, tuple[str, ...]] = {
     "specdiff.serving": ("serve",),
     "specdiff.serving.vllm_app": ("serve", "vllm-cpu"),  # Ray Serve LLM runs vLLM
     "specdiff.registry": ("registry",),
-    "specdiff.lifecycle.realign": ("train", "registry"),
+    "specdiff.lifecycle": ("train", "registry"),  # re-alignment, the evaluation handed to the registry
     "specdiff.vllm.plugin": ("vllm-cpu",),  # loaded by vLLM, inside vLLM's virtualenv
     "jobs": ("all",),
     "jobs.bench_vllm": ("all", "vllm-cpu"),
