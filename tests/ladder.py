@@ -112,7 +112,16 @@ def rung_of(module: str, rungs: dict[str, int]) -> tuple[str, int] | None:
     return best, rungs[best]
 
 
-def climbs(imports: list[Import], rungs: dict[str, int], adapters: set[str] = frozenset()) -> list[str]:
+@dataclass(frozen=True)
+class Climb:
+    imp: Import
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.imp.where()} imports {self.imp.target}: {self.why}"
+
+
+def climbs(imports: list[Import], rungs: dict[str, int], adapters: frozenset[str] = frozenset()) -> list[Climb]:
     """Imports that climb the ladder: to a higher rung, or from one adapter (a prefix in ``adapters``) to another.
     Modules outside ``rungs`` (the standard library, frameworks) are not this check's business."""
     out = []
@@ -121,9 +130,32 @@ def climbs(imports: list[Import], rungs: dict[str, int], adapters: set[str] = fr
         if src is None or dst is None:
             continue
         if dst[1] > src[1]:
-            out.append(f"{imp.where()} imports {imp.target}: rung {dst[0]} ({dst[1]}) is above {src[0]} ({src[1]})")
+            out.append(Climb(imp, f"rung {dst[0]} ({dst[1]}) is above {src[0]} ({src[1]})"))
         elif src[0] != dst[0] and src[0] in adapters and dst[0] in adapters:
-            out.append(f"{imp.where()} imports {imp.target}: adapter {src[0]} must not import adapter {dst[0]}")
+            out.append(Climb(imp, f"adapter {src[0]} must not import adapter {dst[0]}"))
+    return out
+
+
+def _under(module: str, names: tuple[str, ...]) -> bool:
+    return any(module == n or module.startswith(n + ".") for n in names)
+
+
+def foreign(imports: list[Import], allowed: dict[str, tuple[tuple[str, ...], tuple[str, ...]]],
+            frameworks: tuple[str, ...]) -> list[Climb]:
+    """Imports of a framework (a top-level name in ``frameworks``) by a part not allowed to use it, function bodies
+    included. ``allowed``: prefix -> (frameworks it may import, sub-modules of those it may not), longest prefix wins;
+    a part outside ``allowed`` may import every framework."""
+    out = []
+    for imp in imports:
+        if imp.target.split(".")[0] not in frameworks:
+            continue
+        found = rung_of(imp.source, dict.fromkeys(allowed, 0))
+        if found is None:
+            continue
+        may, may_not = allowed[found[0]]
+        if not _under(imp.target, may) or _under(imp.target, may_not):
+            out.append(Climb(imp, f"{found[0]} may import {', '.join(may) or 'no framework'}"
+                                  + (f" (not {', '.join(may_not)})" if may_not else "")))
     return out
 
 
