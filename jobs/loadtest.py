@@ -46,24 +46,54 @@ def held_out(per_domain: int = 4) -> list[str]:
     return [p for group in zip(*domains) for p in group]
 
 
-def request_body(args, i: int, speculative: bool) -> tuple[str, dict]:
+def disjoint(per_set: int = 8) -> list[tuple[bool, str]]:
+    """(raw, text) prompts from sources kept apart from training (specdiff.prompts.DISJOINT_SETS' held-out
+    standard-library functions, raw and as requests, and the other word problems), interleaved."""
+    sys.path.insert(0, str(ROOT / "platform"))
+    from specdiff.prompts import source_prompts
+
+    sets = [source_prompts(name, "eval", per_set) for name in ("code-raw", "code-chat", "math-other")]
+    return [(p.raw, p.text) for group in zip(*sets) for p in group]
+
+
+def request_body(args, i: int, speculative: bool, model: str | None = None) -> tuple[str, dict]:
     """(endpoint, body) of request ``i``: a raw completion, or a chat message from the held-out prompts."""
-    body = {"model": args.model, "max_tokens": args.max_tokens, "temperature": args.temperature, "seed": i,
-            "speculative": speculative, "gamma": args.gamma, "num_candidates": args.k}
+    body = {"model": model or args.model, "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "seed": i}
+    if speculative is not None:  # None: a server of its own (vLLM plain) that knows no speculation fields
+        body.update(speculative=speculative, gamma=args.gamma, num_candidates=args.k)
     if args.prompt_set == "raw":
         return "/v1/completions", {**body, "prompt": PROMPTS[i % len(PROMPTS)]}
-    message = args.messages[i % len(args.messages)]
+    raw, message = args.messages[i % len(args.messages)]
+    if raw:
+        return "/v1/completions", {**body, "prompt": message}
     return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": message}]}
 
 
 def run_cell(url, model, concurrency, speculative, args):
     def one(i):
-        endpoint, body = request_body(args, i, speculative)
+        # Streamed, so the first token's time is seen; the usage arrives in the last chunk (include_usage).
+        endpoint, body = request_body(args, i, speculative, model)
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         t0 = time.perf_counter()
-        r = requests.post(url + endpoint, json=body, timeout=args.timeout)
-        r.raise_for_status()
-        usage = r.json()["usage"]
-        return time.perf_counter() - t0, usage["completion_tokens"], usage["speculative"]
+        first, usage = None, None
+        with requests.post(url + endpoint, json=body, timeout=args.timeout, stream=True) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise RuntimeError(f"request {i} failed: {chunk['error']}")
+                if first is None and any(c.get("text") or (c.get("delta") or {}).get("content")
+                                         for c in chunk.get("choices", [])):
+                    first = time.perf_counter() - t0
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+        if usage is None:
+            raise RuntimeError(f"request {i}: the stream ended without its usage chunk")
+        total = time.perf_counter() - t0
+        return total, usage["completion_tokens"], usage.get("speculative", {}), first if first is not None else total
 
     n = max(args.requests, concurrency)
     t0 = time.perf_counter()
@@ -74,13 +104,15 @@ def run_cell(url, model, concurrency, speculative, args):
     tokens = sum(r[1] for r in results)
     return {
         "concurrency": concurrency,
-        "mode": "speculative" if speculative else "verifier-only",
+        "mode": {True: "speculative", False: "verifier-only", None: "vLLM plain"}[speculative],
         "requests": n,
         "tok_s": tokens / wall,
         "req_s": n / wall,
         "p50_s": statistics.median(latencies),
         "p99_s": percentile(latencies, 99),
-        "tau": statistics.mean(r[2]["tau"] for r in results),
+        "ttft_p50_s": statistics.median(r[3] for r in results),
+        "ttft_p99_s": percentile([r[3] for r in results], 99),
+        "tau": statistics.mean(r[2].get("tau", 1.0) for r in results),
         "busy_plain": sum(r[2].get("choices", {}).get("busy_plain", 0) for r in results),
     }
 
@@ -147,22 +179,34 @@ def print_pairs(pairs: list[dict]) -> None:
 
 def start_local(port: int, args):
     """A private Ray instance + the demo app; returns a stop() callable."""
-    os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S="60")
+    os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S="60")
     sys.path[:0] = [str(ROOT / "platform"), str(ROOT)]
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "platform"), str(ROOT), os.environ.get("PYTHONPATH", "")])
     import ray
     from ray import serve
 
+    from specdiff.runtime.ray_auth import use_private_token
     from specdiff.serving.app import build_app
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # private instance
+    use_private_token()  # token auth as Ray sets it up, without leaving ~/.ray/auth_token behind
+    cores = os.cpu_count() or 1
+    # Logical CPUs beyond the cores: the router and proxies need a share while the verifier replica owns the cores.
+    ray.init(address="local", num_cpus=cores + 2, include_dashboard=False, log_to_driver=False)  # private instance
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"num_cpus": 0.5}
     models = {"demo": True} if args.app == "demo" else {}  # {}: the embedded default pair
+    if args.drafter:
+        models["drafter"] = args.drafter
+    if args.dtype:
+        models["dtype"] = args.dtype
     router = dict(small)
     if args.max_load is not None:  # "off": always speculate
         router["speculation_max_load"] = None if args.max_load == "off" else int(args.max_load)
-    app = build_app({"models": models, "drafter": small, "verifier": small, "router": router,
+    # The verifier replica's CPUs set its torch threads (Ray's OMP_NUM_THREADS): all cores by default, as vLLM uses.
+    verifier = {"num_cpus": args.verifier_cpus or cores}
+    if args.no_batching:
+        verifier["batching"] = False
+    app = build_app({"models": models, "drafter": small, "verifier": verifier, "router": router,
                      "colocate": {"auto": None, "colocated": True, "split": False}[args.placement]})
     done = threading.Event()
 
@@ -173,6 +217,17 @@ def start_local(port: int, args):
     threading.Thread(target=deploy, daemon=True).start()
     if not done.wait(args.startup_timeout):
         raise TimeoutError(f"app not RUNNING after {args.startup_timeout}s")
+    if args.vllm_plain:  # vLLM without speculation beside it, on the same verifier weights and dtype
+        from specdiff.serving.vllm_app import build_vllm_app
+
+        plain = build_vllm_app({"drafter": None, "dtype": args.dtype or "auto", "num_cpus": cores,
+                                "max_num_seqs": max(64, max(args.concurrency))})
+        serve.run(plain, name="vllm-plain", route_prefix="/vllm", blocking=False)
+        deadline = time.time() + args.startup_timeout
+        while serve.status().applications["vllm-plain"].status != "RUNNING":
+            if time.time() > deadline:
+                raise TimeoutError(f"vLLM plain app not RUNNING after {args.startup_timeout}s")
+            time.sleep(2)
 
     def stop():
         serve.shutdown()
@@ -193,7 +248,7 @@ def main(argv=None):
     p.add_argument("--k", type=int, default=None, help="candidates per request (default: the app's; adaptive)")
     p.add_argument("--app", choices=["demo", "default"], default="demo",
                    help="private app: the tiny demo pair, or the embedded default pair (needs its drafter built)")
-    p.add_argument("--prompts", dest="prompt_set", choices=["raw", "heldout"], default=None,
+    p.add_argument("--prompts", dest="prompt_set", choices=["raw", "heldout", "disjoint"], default=None,
                    help="raw completions (default with the demo app) or chat messages from the held-out evaluation "
                    "prompts of code, math and chat (default with --app default)")
     p.add_argument("--max-load", default=None, metavar="N|off",
@@ -208,6 +263,16 @@ def main(argv=None):
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument("--timeout", type=float, default=300, help="per request, seconds")
     p.add_argument("--startup-timeout", type=float, default=300)
+    p.add_argument("--verifier-cpus", type=float, default=None,
+                   help="CPUs of the private app's verifier/Decoder replica (default: every core of this machine)")
+    p.add_argument("--no-batching", action="store_true",
+                   help="private app: one forward per session and pass (verifier.batching=false), for comparison")
+    p.add_argument("--drafter", default=None, help="private app: models.drafter (default: the app's)")
+    p.add_argument("--vllm-plain", action="store_true",
+                   help="private app: also serve vLLM without speculation (the vLLM extra's virtualenv) and run "
+                        "it at every concurrency, side by side")
+    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16"],
+                   help="private app: models.dtype (default: auto)")
     args = p.parse_args(argv)
 
     stop = None
@@ -220,7 +285,10 @@ def main(argv=None):
         args.model = "smollm2-135m-instruct"
     if args.prompt_set is None:
         args.prompt_set = "heldout" if args.app == "default" else "raw"
-    args.messages = held_out() if args.prompt_set == "heldout" else []
+    args.messages = {"heldout": lambda: [(False, m) for m in held_out()], "disjoint": disjoint,
+                     "raw": list}[args.prompt_set]()
+    if args.vllm_plain and url is not None:
+        p.error("--vllm-plain starts its own vLLM app beside the private app (no --url)")
     if url is None:
         stop = start_local(8011, args)
         url = "http://127.0.0.1:8011"
@@ -228,9 +296,11 @@ def main(argv=None):
         run_cell(url, args.model, 1, True, argparse.Namespace(**{**vars(args), "requests": 2}))  # warm-up
         pairs = compare_in_process(url, args) if args.in_process else []
         rows = []
+        if args.vllm_plain:
+            run_cell(url + "/vllm", args.model, 1, None, argparse.Namespace(**{**vars(args), "requests": 2}))
         for c in args.concurrency:
-            for spec in (False, True):
-                rows.append(run_cell(url, args.model, c, spec, args))
+            for spec in (False, True) + ((None,) if args.vllm_plain else ()):
+                rows.append(run_cell(url + ("/vllm" if spec is None else ""), args.model, c, spec, args))
                 row = rows[-1]
                 print(f"done: concurrency {c}, {row['mode']}: {row['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
     finally:
@@ -241,13 +311,14 @@ def main(argv=None):
         print_pairs(pairs)
     print(f"\nprompts={args.prompt_set} max_tokens={args.max_tokens} temperature={args.temperature} "
           f"gamma={args.gamma} K={args.k} max_load={args.max_load}\n")
-    print("| concurrency | mode | requests | tokens/s | requests/s | p50 latency (s) | p99 latency (s) | τ | "
-          "plain steps under load |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| concurrency | mode | requests | tokens/s | requests/s | p50 latency (s) | p99 latency (s) | "
+          "p50 / p99 first token (s) | τ | plain steps under load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['concurrency']} | {r['mode']} | {r['requests']} | {r['tok_s']:.1f} | {r['req_s']:.2f} | "
-            f"{r['p50_s']:.2f} | {r['p99_s']:.2f} | {r['tau']:.2f} | {r['busy_plain']} |"
+            f"{r['p50_s']:.2f} | {r['p99_s']:.2f} | {r['ttft_p50_s']:.2f} / {r['ttft_p99_s']:.2f} | {r['tau']:.2f} | "
+            f"{r['busy_plain']} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "messages"},

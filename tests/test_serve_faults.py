@@ -42,7 +42,9 @@ def colocated_app(serve_cluster):
     from specdiff.serving.app import build_app
 
     router = {**SMALL, "verifier_retries": 6, "gamma": 8, "num_candidates": 4}
-    run_app(build_app({"models": DEMO, "colocate": True, "verifier": TWO, "router": router}), "colofaults",
+    # The lean forward: the Decoder replicas batch their decodes (a killed one takes a whole batch with it).
+    models = {**DEMO, "backend": "specdiff"}
+    run_app(build_app({"models": models, "colocate": True, "verifier": TWO, "router": router}), "colofaults",
             "/colofaults")
     yield BASE + "/colofaults"
     serve_cluster.delete("colofaults")

@@ -197,13 +197,18 @@ def _decode_loop(
     t0 = time.perf_counter()
     session = verifier.start(prompt)
     stats.prefill_s += time.perf_counter() - t0
-    while stopper.finish_reason is None:
-        room = _room(session, verifier.max_context)
-        if room <= 0:
-            return
-        out = stopper.push(step(session, room))
-        if out:
-            yield out
+    try:
+        while stopper.finish_reason is None:
+            room = _room(session, verifier.max_context)
+            if room <= 0:
+                return
+            out = stopper.push(step(session, room))
+            if out:
+                yield out
+    finally:
+        close = getattr(session, "close", None)  # a batched session leaves its replica's batch steps
+        if close is not None:
+            close()
 
 
 class SpeculativeDecoder:
@@ -261,14 +266,15 @@ class SpeculativeDecoder:
                 )
             self._features = True
 
-    def _draft_local(self, session: VerifierSession, spec: SpecConfig, seed: int) -> R.Draft:
+    def _draft_local(self, session: VerifierSession, spec: SpecConfig, seed: int, drafter=None) -> R.Draft:
+        drafter = drafter if drafter is not None else self.drafter
         if self._features:  # the verifier's tapped states of every committed token: the feature drafter's context
-            marginals = self.drafter.propose(session.tokens, spec.gamma, session.features)  # [gamma, V]
+            marginals = drafter.propose(session.tokens, spec.gamma, session.features)  # [gamma, V]
         else:
-            marginals = self.drafter.propose(session.tokens, spec.gamma)
+            marginals = drafter.propose(session.tokens, spec.gamma)
         return R.draft(marginals, spec, R.round_generator(seed))
 
-    def _draft_remote(self, session: VerifierSession, spec: SpecConfig, seed: int) -> R.Draft:
+    def _draft_remote(self, session: VerifierSession, spec: SpecConfig, seed: int, drafter=None) -> R.Draft:
         features = session.features if self._features else None
         return self.drafter.draft(session.tokens, spec, seed, features)
 
@@ -293,6 +299,8 @@ class SpeculativeDecoder:
         base = R.draw_base_seed(gen)  # every round's streams derive from it (specdiff.core.rounds)
 
         runs: _Runs | None = None
+        # A drafter with per-decode state (a feature drafter's context cache) opens a view of its own for this decode.
+        opened = self.drafter.open() if hasattr(self.drafter, "open") else None
 
         def step(session: VerifierSession, room: int) -> list[int]:
             nonlocal policy, runs
@@ -304,8 +312,15 @@ class SpeculativeDecoder:
                 return tokens
             if spec.adaptive and policy is None:
                 policy = SpeculationPolicy.from_spec(spec, self._costs(spec, session.tokens, stats))
-            # The policy decides from earlier rounds only (never this round's draws), so each round stays exact.
-            window, k = (spec.gamma, spec.num_candidates) if policy is None else policy.choose()
+            # The policy decides from earlier rounds and the batch's load only (never this round's draws), so each
+            # round stays exact. A batched session reports the others' load and hears what this round expects.
+            if policy is None:
+                window, k = spec.gamma, spec.num_candidates
+            else:
+                load = session.batch_load() if hasattr(session, "batch_load") else None
+                window, k = policy.choose(load)
+                if load is not None:
+                    session.expected = policy.expected((window, k))
             # Emit at most min(remaining, room) tokens: the window leaves one slot for the recovered/bonus token.
             gamma = min(window, stopper.remaining - 1, room - 1)
             if gamma < 1:
@@ -317,7 +332,7 @@ class SpeculativeDecoder:
                     return tokens
                 return _plain_step(session, sampling, base, stats)
             round_spec = replace(spec, gamma=gamma, num_candidates=k)
-            tokens, seen = self._round(session, sampling, round_spec, base, stats)
+            tokens, seen = self._round(session, sampling, round_spec, base, stats, opened)
             if policy is not None and seen is not None:  # not a drafter fallback
                 draft, looked_up, out = seen
                 policy.observe(gamma, k, out.num_accepted, out.tree_nodes, candidates=draft.candidates,
@@ -338,14 +353,14 @@ class SpeculativeDecoder:
         return self.costs
 
     def _round(self, session: VerifierSession, sampling, spec: SpecConfig, base: int,
-               stats) -> tuple[list[int], tuple[R.Draft, bool, R.Outcome] | None]:
+               stats, drafter=None) -> tuple[list[int], tuple[R.Draft, bool, R.Outcome] | None]:
         """One round with the window ``spec.gamma`` and ``spec.num_candidates`` candidates -> the emitted tokens, and
         (the draft scored, whether its last row is the copied candidate, the outcome); None after a plain step that
         stood in for an unavailable drafter."""
         pos = R.position(session.tokens)
         t0 = time.perf_counter()
         try:
-            draft = self._draft(session, spec, R.round_seed(base, pos, R.DRAFT))  # candidates [K, gamma]
+            draft = self._draft(session, spec, R.round_seed(base, pos, R.DRAFT), drafter)  # candidates [K, gamma]
         except DrafterUnavailable:
             # A verifier-only step samples from p itself, so the output stays exact.
             stats.drafter_s += time.perf_counter() - t0

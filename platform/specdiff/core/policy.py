@@ -46,6 +46,15 @@ CALIBRATION_VERSION = 2  # bump when ``calibrate`` measures something else: kept
 
 
 @dataclass(frozen=True)
+class Load:
+    """The other sessions of the batch step a round joins: how many, their rows, their expected tokens."""
+
+    sessions: int
+    rows: int
+    expected: float
+
+
+@dataclass(frozen=True)
 class SpeculationCosts:
     """Fixed cost model. ``verify_s``: (trie nodes including the root, seconds per verifier pass) points, sorted
     by nodes, interpolated piecewise-linearly (CPU forwards are far from affine at small sizes: one row runs as a
@@ -140,6 +149,15 @@ def calibrate(drafter, verifier, prompt: Sequence[int], max_gamma: int, max_cand
         room = verifier.max_context - sizes[-1] - (repeats + 1) * sum(deepest) - 1
         prompt = prompt[-max(room, 1):]
     session = verifier.start(prompt)
+    try:
+        return _calibrate(drafter, verifier, session, sizes, max_gamma, max_candidates, repeats)
+    finally:
+        close = getattr(session, "close", None)
+        if close is not None:
+            close()
+
+
+def _calibrate(drafter, verifier, session, sizes, max_gamma, max_candidates, repeats) -> SpeculationCosts:
     rounds = R.rounds_of(session)  # in-process, or on a verifier replica (a served session)
     vocab = verifier.vocab_size
 
@@ -325,9 +343,10 @@ class SpeculationPolicy:
             out[lo] = [min(a, b) for a, b in zip(out[lo], out[hi])]
         return out
 
-    def rates(self) -> dict[tuple[int, int], float]:
-        """Expected tokens per second of every choice on the menu (plain as (0, 0) when allowed)."""
-        out = {PLAIN: 1 / self.costs.plain_s} if self.allow_plain else {}
+    def menu(self) -> dict[tuple[int, int], tuple[float, float, float]]:
+        """Every choice on the menu -> (expected tokens, trie nodes with the root, drafting seconds); plain as
+        (0, 0) when allowed."""
+        out = {PLAIN: (1.0, 1.0, 0.0)} if self.allow_plain else {}
         for k, alpha in self.alphas().items():
             streak = 1.0
             expected = 1.0
@@ -335,13 +354,35 @@ class SpeculationPolicy:
                 streak *= alpha[g - 1]
                 expected += streak
                 if g in self.gammas:
-                    nodes = 1 + g * k * self._share[k]
-                    out[(g, k)] = expected / (self.costs.draft(k) + self.costs.verify(nodes))
+                    out[(g, k)] = (expected, 1 + g * k * self._share[k], self.costs.draft(k))
         return out
 
-    def choose(self) -> tuple[int, int]:
-        """(γ, K) for the next round, or ``PLAIN`` = (0, 0)."""
-        rates = self.rates()
+    def rates(self, load: Load | None = None) -> dict[tuple[int, int], float]:
+        """Expected tokens per second of every choice on the menu (plain as (0, 0) when allowed).
+
+        ``load``: the other sessions of the batch step this round joins (continuous batching). A choice is then
+        worth what it adds to the whole step's tokens per second: (E + e) / (T(R + n) + d) - E / T(R), with E, R
+        the others' expected tokens and rows, e, n, d this choice's tokens, trie nodes and drafting time, and T the
+        verifier pass over that many rows (``costs.verify``). Alone (no others) that is e / (d + T(n)), the rate
+        without load. Busy, a tree's extra rows slow every session's step, so plain steps or small trees win where
+        the verifier's pass grows with its rows; with few others, speculation still pays."""
+        others = load is not None and load.sessions > 0
+        base = load.expected / self.costs.verify(load.rows) if others and load.rows > 0 else 0.0
+        out = {}
+        for choice, (expected, nodes, draft_s) in self.menu().items():
+            if others:
+                out[choice] = (load.expected + expected) / (draft_s + self.costs.verify(load.rows + nodes)) - base
+            else:
+                out[choice] = expected / (draft_s + self.costs.verify(nodes))
+        return out
+
+    def expected(self, choice: tuple[int, int]) -> float:
+        """Expected tokens of ``choice`` (a round's, or 1 for a plain step)."""
+        return self.menu().get(choice, (1.0, 1.0, 0.0))[0]
+
+    def choose(self, load: Load | None = None) -> tuple[int, int]:
+        """(γ, K) for the next round, or ``PLAIN`` = (0, 0); ``load``: see ``rates``."""
+        rates = self.rates(load)
         plain_rate = rates.pop(PLAIN, None)
         best = max(rates, key=lambda c: (rates[c], -c[0] * c[1]))  # ties: the smaller tree
         if plain_rate is None or rates[best] > self.min_gain * plain_rate:

@@ -283,26 +283,32 @@ class FeatureDrafter:
             return self._propose_cached(list(prefixes[0]), gamma, features[0])[None]
         return torch.stack([self._marginals(list(p), gamma, f) for p, f in zip(prefixes, features)])
 
+    def open(self) -> FeatureDraftSession:
+        """A view with its own context cache, for one decode: concurrent decodes on one replica then extend their
+        own caches instead of evicting each other's (the engine opens one per decode)."""
+        return FeatureDraftSession(self)
+
     @torch.no_grad()
-    def _propose_cached(self, prefix: list[int], gamma: int, feats: torch.Tensor) -> torch.Tensor:
-        with self._lock:
+    def _propose_cached(self, prefix: list[int], gamma: int, feats: torch.Tensor, state=None) -> torch.Tensor:
+        state = state if state is not None else self
+        with state._lock:
             n = self._check_features(prefix, feats)
-            keep = _common_length(self._tokens, prefix[:n]) if self._kv is not None else 0
+            keep = _common_length(state._tokens, prefix[:n]) if state._kv is not None else 0
             new = feats[keep:n]
             if keep == 0:
-                self._kv = None
+                state._kv = None
             if len(new):
                 positions = torch.arange(keep, n)[None]
                 kv = self.model.context(new[None], positions)
-                if self._kv is None:
-                    self._kv = kv
+                if state._kv is None:
+                    state._kv = kv
                 else:
-                    self._kv = [(torch.cat([k0[:, :, :keep], k1], 2), torch.cat([v0[:, :, :keep], v1], 2))
-                                for (k0, v0), (k1, v1) in zip(self._kv, kv)]
-            elif self._kv is not None:
-                self._kv = [(k[:, :, :keep], v[:, :, :keep]) for k, v in self._kv]
-            self._tokens = prefix[:n]
-            return self.window(prefix[-1], len(prefix) - 1, gamma, self._kv)
+                    state._kv = [(torch.cat([k0[:, :, :keep], k1], 2), torch.cat([v0[:, :, :keep], v1], 2))
+                                 for (k0, v0), (k1, v1) in zip(state._kv, kv)]
+            elif state._kv is not None:
+                state._kv = [(k[:, :, :keep], v[:, :, :keep]) for k, v in state._kv]
+            state._tokens = prefix[:n]
+            return self.window(prefix[-1], len(prefix) - 1, gamma, state._kv)
 
     @torch.no_grad()
     def _marginals(self, prefix: list[int], gamma: int, feats: torch.Tensor) -> torch.Tensor:
@@ -398,6 +404,29 @@ class FeatureDrafter:
                              f"{len(token_ids)}")
         self.model.draft_ids.copy_(token_ids.to(torch.long))
         self.head_weight = self.head.weight.detach()[self.model.draft_ids]
+
+
+class FeatureDraftSession:
+    """``FeatureDrafter.open()``: the drafter's weights with a context cache of its own (one decode's)."""
+
+    needs_features = True
+
+    def __init__(self, drafter: FeatureDrafter):
+        self.drafter = drafter
+        self.vocab_size, self.tap_layers = drafter.vocab_size, drafter.tap_layers
+        self._lock = threading.Lock()
+        self._tokens: list[int] = []
+        self._kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def propose(self, prefix: Sequence[int], gamma: int, features: torch.Tensor | None = None) -> torch.Tensor:
+        if not isinstance(gamma, int) or gamma < 1:
+            raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
+        if features is None:
+            raise ValueError("a feature drafter needs the verifier's tapped hidden states (features); build the "
+                             f"verifier with tap_layers={list(self.tap_layers)}")
+        if len(prefix) == 0:
+            raise ValueError("prefix must contain at least one token, got an empty prefix")
+        return self.drafter._propose_cached(list(prefix), gamma, features, self)
 
 
 def _common_length(a: Sequence[int], b: Sequence[int]) -> int:

@@ -57,25 +57,75 @@ def unsupported_reason(config: dict) -> str | None:
     return None
 
 
+class _CacheLayer:
+    """One layer's keys and values in buffers with room to grow: ``keys`` / ``values`` are views of the first
+    ``length`` positions. Appending writes after them (no copy of the cached positions, which ``torch.cat`` made at
+    every step: a step's cost grew with the context), and assigning a prefix view (the verifier's commit dropping
+    a tree's rejected nodes) only shortens ``length``. Assigning any other tensor adopts it."""
+
+    __slots__ = ("_k", "_v", "length")
+
+    def __init__(self):
+        self._k = self._v = None
+        self.length = 0
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self._k is None else self._k[..., : self.length, :]
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[..., : self.length, :]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self._k = self._adopt(self._k, value)
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._v = self._adopt(self._v, value)
+
+    def _adopt(self, buffer: torch.Tensor | None, value: torch.Tensor | None) -> torch.Tensor | None:
+        if value is None:
+            self.length = 0
+            return None
+        if (buffer is not None and value.data_ptr() == buffer.data_ptr() and value.stride() == buffer.stride()
+                and value.shape[:-2] == buffer.shape[:-2] and value.shape[-2] <= buffer.shape[-2]):
+            self.length = int(value.shape[-2])  # a prefix of the buffer: keep the room after it
+            return buffer
+        self.length = int(value.shape[-2])
+        return value.contiguous()
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        new = int(keys.shape[-2])
+        end = self.length + new
+        if self._k is None or end > self._k.shape[-2] or keys.shape[:-2] != self._k.shape[:-2]:
+            room = max(end + end // 2, 16) if self._k is not None else max(end + 64, 16)
+            grown_k = keys.new_empty(*keys.shape[:-2], room, keys.shape[-1])
+            grown_v = values.new_empty(*values.shape[:-2], room, values.shape[-1])
+            if self._k is not None and self.length:
+                grown_k[..., : self.length, :] = self._k[..., : self.length, :]
+                grown_v[..., : self.length, :] = self._v[..., : self.length, :]
+            self._k, self._v = grown_k, grown_v
+        self._k[..., self.length : end, :] = keys
+        self._v[..., self.length : end, :] = values
+        self.length = end
+        return self.keys, self.values
+
+
 class KVCache:
     """Keys and values per layer ([B, kv_heads, T, head_dim] each), laid out like transformers' ``DynamicCache``
-    (``layers[i].keys`` / ``.values``, ``get_seq_length()``), so the verifier's commit works on either."""
+    (``layers[i].keys`` / ``.values``, ``get_seq_length()``), so the verifier's commit works on either. Each layer
+    keeps room to grow (``_CacheLayer``)."""
 
     def __init__(self, num_layers: int):
-        self.layers = [SimpleNamespace(keys=None, values=None) for _ in range(num_layers)]
+        self.layers = [_CacheLayer() for _ in range(num_layers)]
 
     def get_seq_length(self) -> int:
-        keys = self.layers[0].keys if self.layers else None
-        return 0 if keys is None else int(keys.shape[-2])
+        return self.layers[0].length if self.layers else 0
 
     def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        entry = self.layers[layer]
-        if entry.keys is None:
-            entry.keys, entry.values = keys, values
-        else:
-            entry.keys = torch.cat([entry.keys, keys], -2)
-            entry.values = torch.cat([entry.values, values], -2)
-        return entry.keys, entry.values
+        return self.layers[layer].append(keys, values)
 
 
 class _Unset(nn.Linear):
@@ -180,6 +230,22 @@ class Attention(nn.Module):
         out = attend(q, k, v, mask, self.scaling)
         return self.o_proj(out.transpose(1, 2).reshape(batch, rows, self.num_heads * self.head_dim))
 
+    def forward_ragged(self, x, cos, sin, spans, masks, caches) -> torch.Tensor:
+        """Several sequences' rows in one [1, R, H] block (``spans``: each one's (start, end) rows): the projections
+        run once over all rows, attention per sequence against its own cache and mask."""
+        _, rows, _ = x.shape
+        q = self.q_proj(x).view(1, rows, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(1, rows, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(1, rows, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        outs = []
+        for (a, b), mask, cache in zip(spans, masks, caches):
+            ki, vi = cache.update(self.layer, k[:, :, a:b], v[:, :, a:b])
+            outs.append(attend(q[:, :, a:b], ki, vi, mask, self.scaling))
+        out = torch.cat(outs, 2) if len(outs) > 1 else outs[0]  # [1, H, R, D]
+        return self.o_proj(out.transpose(1, 2).reshape(1, rows, self.num_heads * self.head_dim))
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, c: LlamaConfig, layer: int):
@@ -191,6 +257,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, mask, cache):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_ragged(self, x, cos, sin, spans, masks, caches):
+        x = x + self.self_attn.forward_ragged(self.input_layernorm(x), cos, sin, spans, masks, caches)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -268,6 +338,61 @@ class LlamaCausalLM(nn.Module):
         return Output(logits=self.lm_head(keep), hidden_states=tuple(hidden) if hidden is not None else None,
                       past_key_values=cache)
 
+    @torch.no_grad()
+    def forward_ragged(self, pieces: list[Piece], taps: tuple[int, ...] | None = None
+                       ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """One forward over several sequences, each with its own KV cache (continuous batching: a batch step of
+        many sessions). Every piece's rows are laid end to end in one [1, R, H] block, so the linear layers and the
+        LM head run once over all of them; attention runs per piece against its own cache and mask, so no sequence
+        sees another. Per piece: (logits [last or S, V], tapped states [S, len(taps) * H] or None) -- what
+        ``forward`` returns for that piece alone, up to the rounding of a product over more rows."""
+        device = self.device
+        ids = torch.cat([p.input_ids for p in pieces]).to(device)[None]  # [1, R]
+        positions = []
+        for p in pieces:
+            if p.position_ids is not None:
+                positions.append(p.position_ids.reshape(-1))
+            else:
+                start = p.cache.get_seq_length()
+                positions.append(torch.arange(start, start + len(p.input_ids)))
+        position_ids = torch.cat(positions).to(device)[None]  # [1, R]
+        spans, start = [], 0
+        for p in pieces:
+            spans.append((start, start + len(p.input_ids)))
+            start += len(p.input_ids)
+        x = self.model.embed_tokens(ids)
+        freqs = position_ids[..., None].float() * self.model.inv_freq
+        angles = torch.cat((freqs, freqs), -1)
+        cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
+        masks = [None if p.mask is None else p.mask.to(device, x.dtype) for p in pieces]
+        caches = [p.cache for p in pieces]
+        hidden = [x] if taps else None
+        for layer in self.model.layers:
+            x = layer.forward_ragged(x, cos, sin, spans, masks, caches)
+            if hidden is not None:
+                hidden.append(x)
+        x = self.model.norm(x)
+        if hidden is not None:
+            hidden[-1] = x
+        keep = [(b - p.last if p.last else a, b) for p, (a, b) in zip(pieces, spans)]
+        rows = torch.cat([torch.arange(a, b) for a, b in keep]).to(device)
+        logits = self.lm_head(x[0, rows])  # [kept rows, V]
+        feats = torch.cat([hidden[i + 1] for i in taps], -1)[0] if taps else None  # [R, taps * H]
+        out, at = [], 0
+        for (a, b), (ka, kb) in zip(spans, keep):
+            out.append((logits[at : at + kb - ka], None if feats is None else feats[a:b]))
+            at += kb - ka
+        return out
+
+
+class Piece(SimpleNamespace):
+    """One sequence's share of a ``forward_ragged`` batch: ``input_ids`` [S] long; ``position_ids`` [S] or None
+    (following its cache); ``mask`` additive [1, 1, S, cached + S] or None (causal); ``cache`` (a ``KVCache``,
+    extended in place); ``last``: logits for the last ``last`` rows only (None or 0: every row)."""
+
+    def __init__(self, input_ids, cache, *, position_ids=None, mask=None, last=None):
+        super().__init__(input_ids=input_ids, cache=cache, position_ids=position_ids, mask=mask, last=last)
+
 
 def _read_state(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
@@ -294,13 +419,21 @@ def load_llama(path: str | Path, dtype: torch.dtype = torch.float32) -> LlamaCau
     raw = json.loads(config_file.read_text())
     if unsupported_reason(raw) is not None:
         return None
+    return from_state(raw, _read_state(folder), dtype, where=str(folder))
+
+
+def from_state(raw: dict, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, *,
+               where: str = "the weights") -> LlamaCausalLM:
+    """A ``LlamaCausalLM`` from a ``config.json``-shaped dict and a transformers-named state dict (a checkpoint's,
+    or a transformers model's ``state_dict()``), in ``dtype``, eval mode."""
+    raw = dict(raw)
     if "rope_theta" in raw:  # older config.json: a top-level rope_theta (the property reads it from here)
         raw["_rope_theta"] = raw.pop("rope_theta")
     raw.setdefault("num_key_value_heads", raw["num_attention_heads"])
     raw.setdefault("rms_norm_eps", 1e-6)
     config = LlamaConfig(**raw)
     model = LlamaCausalLM(config)
-    state = {k: v.to(dtype) for k, v in _read_state(folder).items()}
+    state = {k: v.to(dtype) for k, v in state.items()}
     if getattr(config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
@@ -308,9 +441,9 @@ def load_llama(path: str | Path, dtype: torch.dtype = torch.float32) -> LlamaCau
         model.lm_head.weight = model.model.embed_tokens.weight
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
-        raise ValueError(f"{folder}: weights do not match its config.json (missing {missing[:3]}, "
+        raise ValueError(f"{where}: weights do not match its config.json (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
     return model.eval()
 
 
-__all__ = ["KVCache", "LlamaCausalLM", "LlamaConfig", "load_llama", "unsupported_reason"]
+__all__ = ["KVCache", "LlamaCausalLM", "LlamaConfig", "Piece", "load_llama", "unsupported_reason"]

@@ -97,7 +97,10 @@ class HFVerifier:
 
 
 class HFVerifierSession:
-    def __init__(self, verifier: HFVerifier, prompt: list[int]):
+    """``prefill=False``: the cache starts empty and the caller prefills (a batched session: its prefill is one
+    piece of a batch step, ``specdiff.models.batched``)."""
+
+    def __init__(self, verifier: HFVerifier, prompt: list[int], *, prefill: bool = True):
         self.hf = verifier.hf
         self.taps = verifier.tap_layers
         self.tokens = list(prompt)
@@ -106,7 +109,7 @@ class HFVerifierSession:
         self._tree_features: torch.Tensor | None = None
         width = len(self.taps) * verifier.hidden_size if self.taps else 0
         self.features = torch.zeros(0, width, dtype=self.hf.dtype) if self.taps else None
-        if len(prompt) > 1:  # prefill everything but the pending token
+        if len(prompt) > 1 and prefill:  # prefill everything but the pending token
             out = self.hf.logits(torch.tensor([prompt[:-1]]), cache=self.cache, last=1, taps=self.taps)
             if self.taps:
                 self.features = out[1][0].cpu()
@@ -121,25 +124,38 @@ class HFVerifierSession:
         """Tokens held in the KV cache (all but the pending one, between rounds)."""
         return self.cache.get_seq_length()
 
-    def score(self, tree: TokenTree) -> torch.Tensor:
+    def tree_inputs(self, tree: TokenTree) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The pass that scores ``tree``: (additive mask [1, 1, N+1, cached + N+1], position ids [N+1]). A lone
+        root (a plain step) sees every cached position: no mask (attention without one takes a faster path)."""
         if int(tree.tokens[0]) != self.tokens[-1]:
             raise ValueError(f"tree root must be the pending token {self.tokens[-1]}, got {int(tree.tokens[0])}")
         if self._scored is not None:
             raise RuntimeError("score() called twice without commit(); the cache holds the previous tree")
         prefix = self.cached
         n = tree.num_nodes
+        if n == 1:
+            return None, prefix + tree.depth
         allowed = torch.ones(1, n, prefix + n, dtype=torch.bool)
         allowed[0, :, prefix:] = tree.attention_mask()
-        positions = (prefix + tree.depth)[None]  # [1, N+1]
-        logits = self.hf.logits(
-            tree.tokens[None], attention_mask=self.hf.additive_mask(allowed), position_ids=positions, cache=self.cache,
-            taps=self.taps,
-        )
+        return self.hf.additive_mask(allowed), prefix + tree.depth
+
+    def score(self, tree: TokenTree) -> torch.Tensor:
+        mask, positions = self.tree_inputs(tree)
+        logits = self.hf.logits(tree.tokens[None], attention_mask=mask, position_ids=positions[None],
+                                cache=self.cache, taps=self.taps)
+        features = None
         if self.taps:
             logits, features = logits
-            self._tree_features = features[0].cpu()  # [N+1, taps*H]
+            features = features[0]
+        return self.scored(tree, logits[0], features)
+
+    def scored(self, tree: TokenTree, logits: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
+        """``tree``'s pass has run (logits [N+1, V], tapped states [N+1, taps*H]): keep what commit needs ->
+        log-probs [N+1, V] float32."""
+        if self.taps:
+            self._tree_features = features.cpu()  # [N+1, taps*H]
         self._scored = tree
-        return logits[0].float().log_softmax(-1).cpu()
+        return logits.float().log_softmax(-1).cpu()
 
     @torch.no_grad()
     def commit(self, path: Sequence[int], next_token: int) -> None:

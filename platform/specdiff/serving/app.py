@@ -142,7 +142,9 @@ class DecodeDeployment(_FollowsPair, DecodeServer):
 
     def __init__(self, models: ModelSource, options: VerifierOptions):
         resolved, label = resolve_pair(models)
-        super().__init__(functools.partial(load_pair, resolved), max_decodes=options.max_ongoing_requests)
+        super().__init__(functools.partial(load_pair, resolved), max_decodes=options.max_ongoing_requests,
+                         batching=options.batching, max_batch_rows=options.max_batch_rows,
+                         batch_wait_s=options.batch_wait_ms / 1000)
         self._follow(models, label, load_pair)
 
 

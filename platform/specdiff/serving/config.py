@@ -209,6 +209,13 @@ class VerifierOptions(PoolOptions):
         "float16", description="Feature drafter: dtype of the tapped features sent to the drafter (2 bytes per "
         "number; float32 makes the served drafts bit-identical to an in-process decode's)."
     )
+    batching: bool = Field(True, description="Colocated (Decoder replicas): the decodes in flight on a replica "
+                           "share batch steps, every session's verifier pass in one forward per step "
+                           "(specdiff.models.batched). false: one forward per session and pass.")
+    max_batch_rows: int = Field(4096, ge=1, description="Colocated batching: most rows (tree nodes, prompt tokens) "
+                                "in one batch step; a longer prefill runs in a step of its own.")
+    batch_wait_ms: float = Field(3.0, ge=0, description="Colocated batching: how long a step waits for sessions "
+                                 "still busy (drafting, emitting) once no pass has arrived for that long.")
 
 
 class RouterOptions(PoolOptions):

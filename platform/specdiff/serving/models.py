@@ -166,7 +166,12 @@ def demo_verifier_model(source: ModelSource, vocab_size: int):
 
 def verifier_model(source: ModelSource) -> torch.nn.Module:
     if source.verifier == DEMO:
-        return demo_verifier_model(source, len(byte_tokenizer()))
+        model = demo_verifier_model(source, len(byte_tokenizer()))
+        if source.backend == "specdiff":  # the same weights in the lean forward (what a real Llama verifier runs)
+            from specdiff.models.llama import from_state
+
+            return from_state(model.config.to_dict(), model.state_dict())
+        return model
     if source.backend != "transformers" and source.device_map is None:
         from specdiff.models.llama import load_llama
 

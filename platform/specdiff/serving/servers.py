@@ -408,20 +408,40 @@ class DecodeServer:
 
     ``decode`` is an async generator over ``(tokens, stats)``: each round's emitted tokens and a snapshot of the
     decode's ``DecodeStats``. It runs ``SpeculativeDecoder.stream`` (``speculative``) or ``stream_plain`` over the
-    local pair in a worker thread, one per decode in flight. The adaptive policy's cost model is measured by the
-    replica's first adaptive decode (in-process costs: no round trips to pay) and shared by its later ones.
+    local pair in a worker thread, one per decode in flight.
+
+    ``batching`` (the default): the decodes in flight share batch steps (``specdiff.models.batched``): every
+    session's next verifier pass (prefill, plain step or speculative tree) runs in one forward per step, so a replica
+    serving 16 requests pays about one pass per step instead of 16. Each decode's adaptive policy then weighs its
+    choice against the step it joins (``load_view``): a tree's extra rows cost every session of a full step, so under
+    load the policy takes plain steps or small trees, alone it speculates as before. The cost model is measured once
+    per replica on the unbatched verifier, before the replica's first adaptive decode.
     ``max_load``: speculate only while at most that many decodes run on this replica (the router's
     ``speculation_max_load``)."""
 
     def __init__(self, pair: tuple[Verifier, Drafter] | Callable[[], tuple[Verifier, Drafter]], *,
-                 max_decodes: int = 256):
+                 max_decodes: int = 256, batching: bool = True, max_batch_rows: int = 4096,
+                 batch_wait_s: float = 0.003):
         self.verifier, self.drafter = pair if isinstance(pair, tuple) else pair()
         self._check(self.verifier, self.drafter)
+        self.batching = batching
+        self._batch_options = {"max_rows": max_batch_rows, "max_wait_s": batch_wait_s}
+        self.batched = self._batched(self.verifier)
         self.pair: str | None = None
         self.costs: SpeculationCosts | None = None
         self._active = 0
         self._lock = threading.Lock()
+        self._calibrating = threading.Lock()
         self._pool = ThreadPoolExecutor(max_decodes, thread_name_prefix="decode")
+
+    def _batched(self, verifier: Verifier) -> Verifier:
+        from specdiff.models.batched import BatchedVerifier
+        from specdiff.models.verifier import HFVerifier
+
+        # transformers' models have no ragged forward: their passes stay one per session, in parallel threads
+        if self.batching and isinstance(verifier, HFVerifier) and hasattr(verifier.model, "forward_ragged"):
+            return BatchedVerifier(verifier, **self._batch_options)
+        return verifier
 
     @staticmethod
     def _check(verifier: Verifier, drafter: Drafter) -> None:
@@ -429,7 +449,8 @@ class DecodeServer:
 
     def info(self) -> dict:
         return {"vocab_size": self.verifier.vocab_size, "max_context": self.verifier.max_context, "pair": self.pair,
-                "tap_layers": getattr(self.verifier, "tap_layers", None), "colocated": True}
+                "tap_layers": getattr(self.verifier, "tap_layers", None), "colocated": True,
+                "batching": self.batched is not self.verifier}
 
     def swap(self, pair: tuple[Verifier, Drafter], label: str | None = None) -> None:
         """Decode with a promoted pair from the next request on (decodes in flight finish on the old one); the
@@ -439,28 +460,47 @@ class DecodeServer:
             raise ValueError(f"verifier vocab_size must stay {self.verifier.vocab_size} across a swap, got "
                              f"{verifier.vocab_size}")
         self._check(verifier, drafter)
+        batched = self._batched(verifier)
         with self._lock:
-            self.verifier, self.drafter, self.pair, self.costs = verifier, drafter, label, None
+            self.verifier, self.drafter, self.batched, self.pair, self.costs = verifier, drafter, batched, label, None
 
     def load(self) -> int:
         """Decodes running on this replica now."""
         return self._active
 
+    def _costs(self, verifier, drafter, prompt: Sequence[int], spec: SpecConfig) -> SpeculationCosts | None:
+        """The replica's cost model, measured once on the unbatched verifier (a calibration inside batch steps
+        would time other sessions' rows too); None for a decode with fixed γ and K."""
+        if not spec.adaptive:
+            return None
+        with self._calibrating:
+            with self._lock:
+                if self.costs is not None and self.verifier is verifier:
+                    return self.costs
+            from specdiff.core.policy import calibrate
+
+            gamma, k = spec.gamma or spec.max_gamma, spec.num_candidates or spec.max_candidates
+            costs = calibrate(drafter, verifier, prompt, gamma, k)
+            with self._lock:
+                if self.verifier is verifier:
+                    self.costs = costs
+            return costs
+
     def stream(self, prompt: Sequence[int], options: DecodeOptions, speculative: bool = True,
                max_load: int | None = None) -> Iterator[tuple[list[int], DecodeStats]]:
         """The blocking decode behind ``decode``: ``(tokens, stats snapshot)`` per round."""
         with self._lock:
-            verifier, drafter, costs = self.verifier, self.drafter, self.costs
+            verifier, batched, drafter = self.verifier, self.batched, self.drafter
             self._active += 1
-        decoder = None
         try:
             if speculative:
                 gate = None if max_load is None else (lambda session: self.load() <= max_load)
-                decoder = SpeculativeDecoder(drafter, verifier, costs=costs, gate=gate)
+                costs = self._costs(verifier, drafter, prompt, options.spec)
+                decoder = SpeculativeDecoder(drafter, batched, costs=costs, gate=gate)
                 stream = decoder.stream(prompt, options)
             else:  # no drafter to feed: skip the taps
-                without_taps = getattr(verifier, "without_taps", None)
-                stream = stream_plain(without_taps() if without_taps else verifier, prompt, options)
+                without_taps = getattr(batched, "without_taps", None)
+                stream = stream_plain(without_taps() if without_taps else batched, prompt, options)
             try:
                 for tokens in stream:
                     yield tokens, copy.deepcopy(stream.stats)
@@ -469,9 +509,6 @@ class DecodeServer:
         finally:
             with self._lock:
                 self._active -= 1
-                if decoder is not None and decoder.costs is not None and self.costs is None \
-                        and self.verifier is verifier:
-                    self.costs = decoder.costs  # measured by this (the first adaptive) decode
 
     async def decode(self, prompt: list[int], options: DecodeOptions, speculative: bool = True,
                      max_load: int | None = None) -> AsyncIterator[tuple[list[int], DecodeStats]]:

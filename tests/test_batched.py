@@ -1,0 +1,210 @@
+"""Continuous batching (specdiff.models.batched): many sessions' passes in one ragged forward, each session decoding
+exactly what it decodes alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from helpers import OracleDrafter
+from test_llama import save_tiny
+
+from specdiff import SamplingParams, SpecConfig, SpeculativeDecoder, generate_plain
+from specdiff.core.tree import build_tree, chain as chain_of
+from specdiff.models.batched import BatchedVerifier, StepBatcher
+from specdiff.models.feature_drafter import build_feature_drafter
+from specdiff.models.llama import Piece, load_llama
+from specdiff.models.verifier import HFVerifier
+
+PROMPTS = [[5, 9, 2, 7, 1], [3] * 11, [40, 41, 42], list(range(60, 100)), [7, 7, 8], [2, 30, 4, 50, 6, 70]]
+
+
+@pytest.fixture(scope="module")
+def lean(tmp_path_factory):
+    return load_llama(save_tiny(tmp_path_factory.mktemp("tiny")))
+
+
+def test_ragged_forward_equals_each_sequence_alone(lean):
+    """Prefills, a tree over a cached prefix and a plain step, laid end to end: every piece's logits, tapped states
+    and extended cache equal its own forward's."""
+    taps = (0, 2)
+    alone, together = [], []
+    for tokens in PROMPTS[:3]:
+        cache = lean.new_cache()
+        out = lean(torch.tensor([tokens]), past_key_values=cache, output_hidden_states=True)
+        alone.append((out.logits[0], torch.cat([out.hidden_states[i + 1] for i in taps], -1)[0], cache))
+    caches = [lean.new_cache() for _ in PROMPTS[:3]]
+    got = lean.forward_ragged([Piece(torch.tensor(t), c) for t, c in zip(PROMPTS[:3], caches)], taps)
+    for (logits, feats, cache), (glogits, gfeats), gcache in zip(alone, got, caches):
+        torch.testing.assert_close(glogits, logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gfeats, feats, rtol=1e-5, atol=1e-5)
+        for a, b in zip(cache.layers, gcache.layers):
+            torch.testing.assert_close(b.keys, a.keys, rtol=1e-5, atol=1e-5)
+    # next: a tree on the first sequence, one plain token on the second, the last row only of a third prefill
+    verifier = HFVerifier(lean, tune_kernels=False)
+    s0, s1 = verifier.start(PROMPTS[0]), verifier.start(PROMPTS[1])
+    tree = build_tree(s0.tokens[-1], torch.tensor([[1, 2, 3], [1, 4, 5], [6, 2, 3]]))
+    want0, want1 = s0.score(tree), s1.score(chain_of(s1.tokens[-1], []))
+    b0, b1 = verifier.start(PROMPTS[0]), verifier.start(PROMPTS[1])
+    m0, p0 = b0.tree_inputs(tree)
+    chain = chain_of(b1.tokens[-1], [])
+    m1, p1 = b1.tree_inputs(chain)
+    third = lean.new_cache()
+    out = lean.forward_ragged([Piece(tree.tokens, b0.cache, position_ids=p0, mask=m0),
+                               Piece(chain.tokens, b1.cache, position_ids=p1, mask=m1),
+                               Piece(torch.tensor(PROMPTS[3]), third, last=1)])
+    torch.testing.assert_close(b0.scored(tree, *out[0]), want0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(b1.scored(chain, *out[1]), want1, rtol=1e-5, atol=1e-5)
+    assert out[2][0].shape[0] == 1 and third.get_seq_length() == len(PROMPTS[3])
+
+
+def _decode_all(make, prompts, **kw):
+    """Each prompt decoded in its own thread, all at once; results in prompt order."""
+    out = [None] * len(prompts)
+    errors = []
+
+    def run(i):
+        try:
+            out[i] = make().generate(prompts[i], **kw)
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    return out
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(gamma=4, num_candidates=3), SpecConfig()], ids=["fixed", "adaptive"])
+def test_concurrent_sessions_decode_what_each_decodes_alone_at_t0(lean, spec):
+    verifier = HFVerifier(lean, tune_kernels=False)
+    batched = BatchedVerifier(verifier)
+    drafter = OracleDrafter(lean, confidence=0.6)
+    costs = None
+    if spec.adaptive:
+        from specdiff.core.policy import SpeculationCosts
+
+        costs = SpeculationCosts.affine(0.001, 0.01, 0.0005)
+    alone = [SpeculativeDecoder(drafter, verifier, costs=costs).generate(p, max_new_tokens=24, spec=spec, seed=1)
+             for p in PROMPTS]
+    together = _decode_all(lambda: SpeculativeDecoder(drafter, batched, costs=costs), PROMPTS, max_new_tokens=24,
+                           spec=spec, seed=1)
+    for a, b in zip(alone, together):
+        assert b.tokens == a.tokens
+    assert batched.batcher.members == 0  # every session left when its decode ended
+    assert batched.batcher.steps < sum(len(r.tokens) for r in together)  # passes did share steps
+
+
+def test_seeded_sampling_is_independent_of_batch_mates(lean):
+    """T>0 with fixed γ/K: each round draws from its own (seed, position) streams, so a session's tokens are those
+    of its decode alone whoever it shares steps with."""
+    verifier = HFVerifier(lean, tune_kernels=False)
+    batched = BatchedVerifier(verifier)
+    drafter = OracleDrafter(lean, confidence=0.5)
+    spec = SpecConfig(gamma=3, num_candidates=2)
+    sampling = SamplingParams(temperature=1.0)
+    alone = [SpeculativeDecoder(drafter, verifier).generate(p, max_new_tokens=20, spec=spec, sampling=sampling,
+                                                             seed=7) for p in PROMPTS]
+    plain_alone = [generate_plain(verifier, p, max_new_tokens=20, sampling=sampling, seed=7) for p in PROMPTS]
+    together = _decode_all(lambda: SpeculativeDecoder(drafter, batched), PROMPTS, max_new_tokens=20, spec=spec,
+                           sampling=sampling, seed=7)
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+    # plain decodes batched with each other too
+    out = [None] * len(PROMPTS)
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, generate_plain(
+        batched, PROMPTS[i], max_new_tokens=20, sampling=sampling, seed=7))) for i in range(len(PROMPTS))]
+    [t.start() for t in threads]
+    [t.join(timeout=300) for t in threads]
+    assert [r.tokens for r in out] == [r.tokens for r in plain_alone]
+
+
+def test_feature_drafter_sessions_batch_with_their_taps(lean):
+    drafter = build_feature_drafter(lean, num_layers=1, seed=0)
+    verifier = HFVerifier(lean, tune_kernels=False, tap_layers=drafter.tap_layers)
+    batched = BatchedVerifier(verifier)
+    spec = SpecConfig(gamma=4, num_candidates=2)
+    alone = [SpeculativeDecoder(drafter, verifier).generate(p, max_new_tokens=16, spec=spec, seed=3) for p in PROMPTS]
+    together = _decode_all(lambda: SpeculativeDecoder(drafter, batched), PROMPTS, max_new_tokens=16, spec=spec,
+                           seed=3)
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+
+
+def test_a_step_fires_when_every_session_waits_and_a_bad_request_fails_alone():
+    seen = []
+
+    def run(items):
+        seen.append(list(items))
+        if "bad" in items:
+            raise ValueError("bad item")
+        return [f"ok {x}" for x in items]
+
+    batcher = StepBatcher(run, max_wait_s=5.0, max_delay_s=5.0)  # long waits: only "everyone waits" fires
+    members = [batcher.join() for _ in range(3)]
+    results = {}
+
+    def submit(i, item):
+        try:
+            results[i] = batcher.submit(item, member=members[i])
+        except ValueError as err:
+            results[i] = err
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=submit, args=(i, x)) for i, x in enumerate(["a", "bad", "c"])]
+    [t.start() for t in threads]
+    [t.join(timeout=10) for t in threads]
+    assert time.perf_counter() - t0 < 4  # did not wait for the deadline
+    assert sorted(seen[0]) == ["a", "bad", "c"]  # one step for all three, then each alone
+    assert results[0] == "ok a" and results[2] == "ok c" and isinstance(results[1], ValueError)
+    # a member that left is not waited for; one that stays silent is waited for only until the deadline
+    batcher.leave(members[1])
+    quick = StepBatcher(lambda items: items, max_wait_s=0.05, max_delay_s=0.2)
+    a, _silent = quick.join(), quick.join()
+    t0 = time.perf_counter()
+    assert quick.submit("x", member=a) == "x"
+    assert 0.04 < time.perf_counter() - t0 < 2
+
+
+def test_step_rows_are_capped():
+    sizes = []
+    batcher = StepBatcher(lambda items: (sizes.append(len(items)), items)[1], max_wait_s=0.2, max_delay_s=0.5,
+                          max_rows=10)
+    members = [batcher.join() for _ in range(3)]
+    threads = [threading.Thread(target=batcher.submit, args=(i,), kwargs={"rows": 6, "member": m})
+               for i, m in enumerate(members)]
+    [t.start() for t in threads]
+    [t.join(timeout=10) for t in threads]
+    assert sizes and max(sizes) == 1  # 6 + 6 rows exceed the cap: one request per step
+
+
+def test_decoder_replica_batches_its_decodes_and_a_client_that_leaves_frees_its_place(lean):
+    from specdiff import DecodeOptions
+    from specdiff.serving.servers import DecodeServer
+
+    drafter = OracleDrafter(lean, confidence=0.6)
+    server = DecodeServer((HFVerifier(lean, tune_kernels=False), drafter), max_decodes=8)
+    assert server.info()["batching"]
+    options = DecodeOptions(max_new_tokens=20, spec=SpecConfig(gamma=3, num_candidates=2), seed=0)
+    alone = [SpeculativeDecoder(drafter, server.verifier).generate(p, options).tokens for p in PROMPTS]
+    out = [None] * len(PROMPTS)
+
+    def run(i):
+        out[i] = [t for tokens, _ in server.stream(PROMPTS[i], options) for t in tokens]
+
+    leaving = server.stream(PROMPTS[0], options)  # a client that reads one round, then goes away
+    next(leaving)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    [t.start() for t in threads]
+    time.sleep(0.05)
+    leaving.close()  # between rounds: its session leaves the batch; the others must not wait for it
+    [t.join(timeout=120) for t in threads]
+    assert out == alone
+    assert server.batched.batcher.members == 0 and server.load() == 0
+    with pytest.raises(ValueError, match="token ids"):  # a bad prompt is refused before it joins any step
+        list(server.stream([10**6], options))
+    assert server.batched.batcher.members == 0
