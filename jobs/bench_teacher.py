@@ -93,7 +93,8 @@ def ray_stage(kwargs, prompts, args) -> None:
     import ray.data
 
     from specdiff.distill.config import DistillConfig
-    from specdiff.distill.teacher import VerifierRecord, teacher_dataset
+    from specdiff.distill.teacher_stage import teacher_dataset
+    from specdiff.lineage.verifier import VerifierRecord
 
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=True)
     for engine in ("hf", "vllm"):

@@ -30,7 +30,8 @@ def save_for(verifier_dir: Path, out: Path, *, good: bool, seed: int = 0) -> Pat
     """A drafter folder recording ``verifier_dir`` as its verifier. ``good``: built from the verifier (its first
     window position copies the verifier's next-token head: τ ≈ 1.5 on the tiny language); else random (τ ≈ 1)."""
     from specdiff import build_small_drafter, drafter_from_verifier, save_drafter
-    from specdiff.distill.teacher import load_verifier_model, verifier_record
+    from specdiff.distill.trajectories import load_verifier_model
+    from specdiff.lineage.verifier import verifier_record
 
     if good:
         drafter = drafter_from_verifier(load_verifier_model(verifier_dir), num_layers=1, seed=seed)
@@ -40,7 +41,7 @@ def save_for(verifier_dir: Path, out: Path, *, good: bool, seed: int = 0) -> Pat
 
 
 def spec_for(assets: Path):
-    from specdiff.distill.evaluate import HeldoutSpec
+    from specdiff.lineage.evaluation import HeldoutSpec
 
     return HeldoutSpec(str(assets / "heldout.jsonl"), gamma=8, offsets=(0,))
 

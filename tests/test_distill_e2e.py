@@ -41,7 +41,7 @@ def test_cli_job_improves_heldout_streak_and_logs_to_mlflow(assets, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from specdiff import load_drafter
-    from specdiff.distill.teacher import verifier_record
+    from specdiff.lineage.verifier import verifier_record
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = overrides(assets, tmp_path) + ["tracking.backend=mlflow", f"tracking.tracking_uri={uri}",
@@ -98,7 +98,7 @@ def trajectories(assets, ray_session, tmp_path_factory):
     """Teacher trajectories written once to parquet (teacher.save_to) and reused by the short runs below."""
     from specdiff.distill import load_config
     from specdiff.distill.job import absolutize, training_trajectories
-    from specdiff.distill.teacher import verifier_record
+    from specdiff.lineage.verifier import verifier_record
 
     work = tmp_path_factory.mktemp("traj")
     cfg = absolutize(load_config(TINY, overrides(assets, work, "prompts_small.jsonl")
@@ -115,7 +115,7 @@ def test_teacher_time_budget_samples_the_first_batch_and_skips_the_rest(assets, 
     # samples its first batch only and the parquet holds that batch (the skipped ones are empty blocks).
     from specdiff.distill import load_config
     from specdiff.distill.job import absolutize, training_trajectories
-    from specdiff.distill.teacher import verifier_record
+    from specdiff.lineage.verifier import verifier_record
 
     cfg = absolutize(load_config(TINY, overrides(assets, tmp_path, "prompts_small.jsonl") + [
         f"teacher.save_to={tmp_path / 'trajectories'}", "teacher.time_budget_s=1"]))
@@ -180,7 +180,7 @@ def test_feature_drafter_job_learns_from_the_verifiers_states(assets, ray_sessio
     # many anchors per trajectory (decayed-CE warm-up, then Eq. 6), and the output loads as a feature drafter.
     from specdiff import HFVerifier, SpeculativeDecoder, generate_plain, load_drafter
     from specdiff.distill import load_config, run
-    from specdiff.distill.teacher import load_verifier_model
+    from specdiff.distill.trajectories import load_verifier_model
 
     cfg = load_config(TINY, overrides(assets, tmp_path, "prompts_small.jsonl") + [
         "drafter.init=feature", "drafter.num_layers=1", "drafter.draft_vocab_size=24", "teacher.temperature=0",
@@ -212,7 +212,7 @@ def test_feature_drafter_job_learns_from_the_verifiers_states(assets, ray_sessio
 
     # Reusing those trajectories for a drafter that taps other layers is refused, naming both.
     from specdiff.distill.job import absolutize, training_trajectories
-    from specdiff.distill.teacher import verifier_record
+    from specdiff.lineage.verifier import verifier_record
 
     other = absolutize(load_config(TINY, overrides(assets, tmp_path) + [
         "drafter.init=feature", "drafter.target_layer_ids=[0]", f"data.trajectories={tmp_path / 'trajectories'}"]))

@@ -12,7 +12,8 @@ from helpers import full_logprobs, tiny_llama
 from specdiff import SamplingParams, build_small_drafter, drafter_from_verifier, load_drafter, target_probs
 from specdiff.distill.config import parse_config
 from specdiff.distill.evaluate import evaluate_drafter
-from specdiff.distill.teacher import sample_completions, verifier_record
+from specdiff.distill.trajectories import sample_completions
+from specdiff.lineage.verifier import verifier_record
 from specdiff.distill.train import (
     _write_drafter,
     apply_lora,

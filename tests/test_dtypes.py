@@ -39,7 +39,7 @@ def tiny_folder(tmp_path_factory):
 
 @pytest.mark.parametrize("forced", ["float32", "bfloat16"])
 def test_env_forces_each_path_and_a_decode_runs_in_it(forced, monkeypatch, tiny_folder):
-    from specdiff.distill.teacher import load_verifier_model
+    from specdiff.distill.trajectories import load_verifier_model
     from specdiff.models.sources import load_causal_lm
     from specdiff.serving.config import ModelSource
     from specdiff.serving.models import load_verifier

@@ -213,7 +213,7 @@ def test_prompt_anchors_are_labelled_by_the_teachers_prefill_argmax():
     # labelled with greedy decoding's continuation from there, and completion windows keep the teacher's tokens.
     from specdiff.core.config import SamplingParams
     from specdiff.distill.feature import greedy_targets
-    from specdiff.distill.teacher import sample_completions
+    from specdiff.distill.trajectories import sample_completions
     from specdiff.models.feature_drafter import sample_anchors
     from specdiff.models.hf import HFModel
 
@@ -292,7 +292,7 @@ def test_teacher_forced_heldout_evaluation_equals_scoring_by_the_verifier():
     from specdiff.core.config import SamplingParams
     from specdiff.distill.config import ObjectiveSection
     from specdiff.distill.feature import encode_features, evaluate_feature_drafter, feature_loss, teacher_forced_eval
-    from specdiff.distill.teacher import sample_completions
+    from specdiff.distill.trajectories import sample_completions
     from specdiff.distill.windows import heldout_prefixes
     from specdiff.models.hf import HFModel
 

@@ -28,7 +28,7 @@ HOME: dict[str, tuple[str, ...]] = {
     "specdiff.serving": ("serve",),
     "specdiff.serving.vllm_app": ("serve", "vllm-cpu"),  # Ray Serve LLM runs vLLM
     "specdiff.registry": ("registry",),
-    "specdiff.lifecycle.realign": ("train", "registry"),
+    "specdiff.lifecycle": ("train", "registry"),  # re-alignment, the evaluation handed to the registry
     "specdiff.lifecycle.build": ("train", "registry"),  # the default drafter's recipe: distill, then register
     "specdiff.cli": ("hf",),  # argparse, and the decode path's imports (generate: the core and transformers)
     "specdiff.cli.build": ("train", "registry"),

@@ -1,4 +1,4 @@
-"""specdiff.lineage.publish: a reader sees a whole file or folder or none, never half of one."""
+"""specdiff.runtime.publish: a reader sees a whole file or folder or none, never half of one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specdiff.lineage.publish import publishing, write_text
+from specdiff.runtime.publish import publishing, write_text
 
 
 def _leftovers(folder):
@@ -112,7 +112,7 @@ def test_leftovers_of_killed_writers_are_swept(tmp_path):
     import sys
     import time
 
-    from specdiff.lineage.publish import STALE_AFTER_S, sweep
+    from specdiff.runtime.publish import STALE_AFTER_S, sweep
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()

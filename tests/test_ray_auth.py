@@ -166,7 +166,7 @@ def test_readme_realign_runs_against_a_cluster_with_token_auth_on(token_home, au
     """README's "Registry and re-alignment" flow where `ray start --head` turned token auth on: jobs/realign.py,
     run with no RAY_AUTH_MODE, claims the new verifier version, its Ray job (a driver on the auth-enabled cluster)
     trains, and the drafter is registered and judged for promotion."""
-    from specdiff.registry import Registry
+    from specdiff.lifecycle.evaluate import Registry
 
     home, _ = token_home
     v1_assets = make_assets(tmp_path / "v1", train_prompts=64)

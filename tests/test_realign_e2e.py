@@ -31,7 +31,7 @@ def head():
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, specdiff_home):
     """Verifier v1 with a promoted drafter, then verifier v2 (another build): v2 has no aligned drafter."""
-    from specdiff.registry import Registry
+    from specdiff.lifecycle.evaluate import Registry
 
     root = tmp_path_factory.mktemp("realign")
     v1_assets, v2_assets = make_assets(root / "v1", train_prompts=64), make_assets(root / "v2", sharpness=0.8,

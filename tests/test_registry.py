@@ -21,7 +21,7 @@ def assets(tmp_path_factory):
 
 @pytest.fixture
 def reg(tmp_path, specdiff_home):
-    from specdiff.registry import Registry
+    from specdiff.lifecycle.evaluate import Registry
 
     return Registry(f"sqlite:///{tmp_path / 'mlflow.db'}")
 
@@ -61,6 +61,29 @@ def test_register_and_load_back_by_alias(reg, assets, tmp_path):
     pair = reg.resolve_pair("models:/specdiff-drafter-tiny@production")
     assert (str(pair.drafter.version), str(pair.verifier.version)) == ("1", "1")
     assert load_drafter(pair.drafter_dir).propose([3, 1, 4], 4).argmax(-1).tolist() == expected
+
+
+def test_the_registry_records_figures_it_is_handed_and_measures_only_through_its_evaluator(assets, tmp_path,
+                                                                                             specdiff_home):
+    """The registry (an adapter) loads no model itself: without an evaluator it records the figures the lifecycle
+    hands it, and asking it to measure names the registry that can."""
+    from specdiff.lineage.evaluation import EvalResult
+    from specdiff.registry import Registry
+
+    plain = Registry(f"sqlite:///{tmp_path / 'plain.db'}")
+    v1 = plain.register_verifier("tiny", assets[0] / "verifier")
+    folder = save_for(plain.local_dir(v1), tmp_path / "d", good=True)
+    spec = spec_for(assets[0])
+    with pytest.raises(ValueError, match="specdiff.lifecycle.evaluate.Registry"):
+        plain.register_drafter("tiny", folder, v1, spec)
+    handed = EvalResult(expected_streak=1.5, alpha=[0.75, 0.5], windows=3)
+    drafter = plain.register_drafter("tiny", folder, v1, spec, evaluation=handed)
+    assert drafter.tags["specdiff.eval.tau"] == "2.500000"
+    assert json.loads(drafter.tags["specdiff.eval.alpha"]) == [0.75, 0.5]
+    assert plain.tau(drafter, spec) == 2.5  # measured on this spec: the recorded figure, nothing loaded
+    assert plain.client.list_artifacts(drafter.run_id, "plots") == []  # no evaluator, nothing drew the plot
+    with pytest.raises(ValueError, match="no evaluator"):
+        plain.tau(drafter, dataclasses.replace(spec, seed=spec.seed + 1))
 
 
 def test_promotion_is_guarded_by_tau_on_the_same_heldout_prompts(reg, assets, tmp_path):

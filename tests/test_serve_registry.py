@@ -15,8 +15,8 @@ from registry_helpers import save_for
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory, specdiff_home):
     """The demo verifier (byte tokenizer) registered as specdiff-verifier-demo/1 with two drafters, v1 promoted."""
-    from specdiff.distill.evaluate import HeldoutSpec
-    from specdiff.registry import Registry
+    from specdiff.lineage.evaluation import HeldoutSpec
+    from specdiff.lifecycle.evaluate import Registry
     from specdiff.serving.config import ModelSource
     from specdiff.serving.models import byte_tokenizer, demo_verifier_model
 
@@ -37,7 +37,7 @@ def demo_store(tmp_path_factory, specdiff_home):
 
 def save_demo_drafter(verifier_dir, out, seed: int):
     from specdiff import build_small_drafter, save_drafter
-    from specdiff.distill.teacher import verifier_record
+    from specdiff.lineage.verifier import verifier_record
 
     drafter = build_small_drafter(259, hidden_size=64, num_layers=1, num_heads=4, seed=seed)
     return save_drafter(drafter, out, verifier=verifier_record(verifier_dir).to_dict())

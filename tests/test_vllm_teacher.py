@@ -17,7 +17,8 @@ else:
 import pyarrow as pa  # noqa: E402
 
 from specdiff.core.config import SamplingParams  # noqa: E402
-from specdiff.distill.teacher import TeacherSampler, verifier_record  # noqa: E402
+from specdiff.distill.teacher import TeacherSampler  # noqa: E402
+from specdiff.lineage.verifier import verifier_record  # noqa: E402
 from specdiff.distill.teacher_vllm import VLLMTeacherSampler, choose_engine  # noqa: E402
 from specdiff.models.hf import HFModel  # noqa: E402
 from specdiff.models.sources import default_verifier_path, load_causal_lm  # noqa: E402
@@ -56,7 +57,7 @@ def test_greedy_records_equal_the_hf_samplers(setup):
     for ids_g, ids_w, lp_g in zip(got["topk_ids"], want["topk_ids"], got["topk_logprobs"]):
         assert [row[0] for row in ids_g] == [row[0] for row in ids_w]  # the argmax; the rest carry no mass
         assert all(len(row) == K and row[0] == 0.0 and all(math.isinf(x) for x in row[1:]) for row in lp_g)
-    from specdiff.distill.feature import decode_features
+    from specdiff.distill.trajectories import decode_features
 
     width = len(TAPS) * model.config.hidden_size
     for prompt, f_got, f_want in zip(prompts, got["features"], want["features"]):

@@ -58,6 +58,6 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def write_summary(path: Path, record: dict) -> None:
     """Atomically: a reader never sees half a file."""
-    from specdiff.lineage import publish
+    from specdiff.runtime import publish
 
     publish.write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")

@@ -52,7 +52,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.max_attempts < 1:
         parser.error(f"--max-attempts must be >= 1, got {args.max_attempts}")
     from specdiff.lifecycle.realign import RayJobs, RealignSettings, Realigner
-    from specdiff.registry import Registry
+    from specdiff.lifecycle.evaluate import Registry
 
     settings = RealignSettings(
         family=args.family, config=args.config, overrides=tuple(args.overrides), heldout=args.heldout,

@@ -46,9 +46,10 @@ def add_parser(sub, name: str) -> argparse.ArgumentParser:
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from specdiff.distill import load_config
-    from specdiff.distill.evaluate import HeldoutSpec
+    from specdiff.lineage.evaluation import HeldoutSpec
     from specdiff.models.sources import resolve_model_path
-    from specdiff.registry import DRAFTER_PREFIX, VERIFIER_PREFIX, Registry, config_digests
+    from specdiff.lifecycle.evaluate import Registry
+    from specdiff.registry import DRAFTER_PREFIX, VERIFIER_PREFIX, config_digests
 
     try:
         reg = Registry(args.tracking_uri)

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from specdiff.distill.teacher import causal_inputs
+from specdiff.distill.trajectories import causal_inputs
 
 
 def ar_drafter_from_verifier(verifier: torch.nn.Module, layers: Sequence[int]) -> torch.nn.Module:

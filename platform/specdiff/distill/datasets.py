@@ -351,7 +351,7 @@ def write_jsonl(records: list[dict], dest: str) -> None:
         with fs.open_output_stream(inner) as f:
             f.write(text)
         return
-    from specdiff.lineage.publish import publishing
+    from specdiff.runtime.publish import publishing
 
     with publishing(dest, replace=True) as partial:
         partial.write_bytes(text)

@@ -6,11 +6,14 @@ The candidate with the highest expected streak Σ_m Π_{j≤m} p_j is kept (self
 score is exactly the expected number of tokens greedy acceptance keeps from it; α_j = E[Π_{i≤j} p_i] /
 E[Π_{i<j} p_i] is the probability that position j is accepted given that it is reached (``DecodeStats.alpha``
 in expectation). Pure torch.
+
+The records (``EvalResult``, ``HeldoutSpec``) are plain data in ``specdiff.lineage.evaluation``; a registered pair's
+evaluation on a ``HeldoutSpec`` (the verifier completes the prompts, then the drafter is scored) is
+``specdiff.lifecycle.evaluate``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -20,20 +23,9 @@ from specdiff.models.drafter import bound_prefixes, window_inputs, window_logits
 from specdiff.models.hf import HFModel
 from specdiff.core.sampling import target_probs
 from specdiff.core.selection import expected_streak, sample_candidates
-from specdiff.distill.teacher import causal_inputs
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    expected_streak: float  # mean over held-out windows of the selected candidate's expected accepted tokens
-    alpha: list[float]  # [γ] P(position j accepted | reached)
-    windows: int
-    cut: int = 0  # windows whose greedy continuation left the trajectory before the streak ended (teacher_forced_eval)
-
-    def metrics(self, prefix: str = "eval/") -> dict[str, float]:
-        out = {f"{prefix}expected_streak": self.expected_streak, f"{prefix}tau": 1 + self.expected_streak}
-        out.update({f"{prefix}alpha_{j + 1}": a for j, a in enumerate(self.alpha)})
-        return out
+from specdiff.distill.trajectories import causal_inputs
+from specdiff.lineage.evaluation import EvalResult
+from specdiff.lineage.evaluation import HeldoutSpec, read_prompt_ids  # noqa: F401 (moved there; kept importable)
 
 
 @torch.no_grad()
@@ -133,74 +125,3 @@ def alpha_plot(history: Sequence[tuple[int, EvalResult]], path: str, label: str 
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-@dataclass(frozen=True)
-class HeldoutSpec:
-    """The held-out test a drafter–verifier pair is measured on; both sides of a promotion use the same one.
-
-    Each prompt (``prompt_ids`` rows of a .jsonl file) is completed by the pair's own verifier (``max_new_tokens``
-    tokens at ``temperature`` / ``top_p``, seeded), windows are cut at ``offsets``, and the drafter's argmax window
-    is scored as in ``evaluate_drafter``. τ = 1 + expected streak (tokens per verifier call under greedy
-    acceptance, bonus/recovered token included)."""
-
-    prompts: str
-    gamma: int = 8
-    offsets: tuple[int, ...] = (0, 8)
-    max_new_tokens: int = 32
-    temperature: float = 0.5
-    top_p: float = 0.95
-    seed: int = 0
-
-    @classmethod
-    def from_config(cls, cfg, prompts: str | None = None) -> HeldoutSpec:
-        """The test a distillation config implies: its held-out prompts, γ, eval offsets, teacher and seed."""
-        t = cfg.teacher
-        return cls(prompts=prompts or cfg.data.heldout, gamma=cfg.objective.gamma, offsets=tuple(cfg.eval.offsets),
-                   max_new_tokens=t.max_new_tokens, temperature=t.temperature, top_p=t.top_p, seed=cfg.run.seed)
-
-    def digest(self) -> str:
-        """sha256 over the prompt file's bytes and every other field: equal digests = the same test."""
-        import hashlib
-        import json
-        from dataclasses import asdict
-        from pathlib import Path
-
-        h = hashlib.sha256(Path(self.prompts).read_bytes())
-        h.update(json.dumps({k: v for k, v in asdict(self).items() if k != "prompts"}, sort_keys=True).encode())
-        return "sha256:" + h.hexdigest()
-
-
-def read_prompt_ids(path: str) -> list[list[int]]:
-    """``prompt_ids`` rows of a .jsonl file (the format of jobs/make_tiny.py and data.heldout)."""
-    import json
-    from pathlib import Path
-
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    if not rows or any("prompt_ids" not in r or not r["prompt_ids"] for r in rows):
-        raise ValueError(f"held-out prompts must be non-empty 'prompt_ids' rows of a .jsonl file, got {path!r}")
-    return [list(map(int, r["prompt_ids"])) for r in rows]
-
-
-@torch.no_grad()
-def evaluate_pair(drafter, verifier_model: torch.nn.Module, spec: HeldoutSpec) -> EvalResult:
-    """``drafter`` (an ``HFDiffusionDrafter`` or a ``FeatureDrafter``) against ``verifier_model`` (a causal LM) on
-    ``spec``."""
-    from specdiff.models.feature_drafter import FeatureDrafter
-    from specdiff.distill.teacher import sample_completions
-    from specdiff.distill.windows import heldout_prefixes
-
-    sampling = SamplingParams(temperature=spec.temperature, top_p=spec.top_p)
-    verifier = HFModel(verifier_model)
-    prompts = read_prompt_ids(spec.prompts)
-    completions, _, _ = sample_completions(verifier, prompts, spec.max_new_tokens, sampling, 0,
-                                           torch.Generator().manual_seed(spec.seed))
-    records = [{"prompt_ids": p, "completion_ids": c} for p, c in zip(prompts, completions.tolist())]
-    prefixes = heldout_prefixes(records, spec.offsets)
-    generator = torch.Generator().manual_seed(spec.seed)
-    if isinstance(drafter, FeatureDrafter):
-        from specdiff.distill.feature import evaluate_feature_drafter
-
-        return evaluate_feature_drafter(drafter, verifier, prefixes, spec.gamma, sampling, generator=generator)
-    return evaluate_drafter(HFModel(drafter.model), drafter.config, verifier, prefixes, spec.gamma, sampling,
-                            generator=generator)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from specdiff.core.config import SamplingParams
@@ -20,18 +19,10 @@ from specdiff.models.feature_drafter import FeatureDrafter, anchor_hidden, ancho
 from specdiff.models.hf import HFModel
 from specdiff.core.sampling import target_probs
 from specdiff.core.objectives import WINDOW_OBJECTIVES, head_label_logprobs, window_loss_from_logprobs
-from specdiff.distill.evaluate import EvalResult, score_drafts
-from specdiff.distill.teacher import causal_inputs
-
-FEATURE_DTYPE = np.float16  # features travel and rest as float16 bytes: half the size, ample precision
-
-
-def encode_features(features: torch.Tensor) -> bytes:
-    return features.to(torch.float32).numpy().astype(FEATURE_DTYPE).tobytes()
-
-
-def decode_features(blob: bytes, width: int) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(blob, dtype=FEATURE_DTYPE).reshape(-1, width).astype(np.float32))
+from specdiff.distill.evaluate import score_drafts
+from specdiff.distill.trajectories import FEATURE_DTYPE, encode_features  # noqa: F401 (moved there; kept importable)
+from specdiff.distill.trajectories import causal_inputs, decode_features
+from specdiff.lineage.evaluation import EvalResult
 
 
 def collate(records: dict[str, list], width: int):

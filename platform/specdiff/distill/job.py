@@ -27,13 +27,14 @@ from specdiff.runtime.extras import require
 from specdiff.models.feature_drafter import FEATURE_DRAFTER_META, default_tap_layers
 from specdiff.runtime.memory import KEEP_FREED_ENV
 from specdiff.models.sources import resolve_model_path
-from specdiff.lineage.publish import publishing
+from specdiff.runtime.publish import publishing
 from specdiff.runtime.ray_auth import use_private_token
 from specdiff.distill.config import DistillConfig, parse_config
 from specdiff.distill.datasets import prepare_data
 from specdiff.distill.events import Emitter, Note, Pump, Sink
 from specdiff.distill.feature import draft_vocabulary
-from specdiff.distill.teacher import VerifierRecord, read_records, teacher_dataset, verifier_record
+from specdiff.distill.teacher_stage import read_records, teacher_dataset
+from specdiff.lineage.verifier import VerifierRecord, verifier_record
 from specdiff.distill.train import DRAFTER_DIR, STATE, train_loop
 from specdiff.distill.windows import heldout_prefixes
 

@@ -19,7 +19,7 @@ import torch
 
 from specdiff.core.config import SamplingParams
 from specdiff.models.hf import HFModel
-from specdiff.distill.teacher import sample_completions
+from specdiff.distill.trajectories import sample_completions
 
 _PROBE = "\x00user-turn\x00"
 MAX_TOKENS = 48  # a request longer than this is cut off mid-way and dropped

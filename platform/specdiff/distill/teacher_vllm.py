@@ -4,7 +4,7 @@ the Ray Data actor (``teacher.engine: vllm``; ``auto`` picks it when vLLM is ins
 vLLM samples the completions (continuous batching, its own kernels) and returns the top-k log-probs of the
 distribution it sampled from (``logprobs_mode="processed_logprobs"``: after temperature, top-k and top-p, so the
 records hold the same p as the Hugging Face sampler's; greedy: the argmax with log p 0 and k - 1 ids at -inf, as
-``teacher._greedy_step``). A feature drafter's context (the tapped verifier states of every prompt token and every
+``trajectories._greedy_step``). A feature drafter's context (the tapped verifier states of every prompt token and every
 completion token but the last, and the verifier's argmax after each prompt token) is not something vLLM exposes: one
 batched Hugging Face pass over the finished sequences computes it (a prefill, no decoding).
 
@@ -18,7 +18,8 @@ import torch
 
 from specdiff.models.dtypes import dtype_name, resolve_dtype
 from specdiff.models.hf import HFModel
-from specdiff.distill.teacher import TeacherSampler, causal_inputs, load_verifier_model
+from specdiff.distill.teacher import TeacherSampler
+from specdiff.distill.trajectories import causal_inputs, load_verifier_model
 
 FEATURE_CHUNK = 8  # sequences per feature pass (its logits are [chunk, L, V] floats)
 

@@ -47,9 +47,10 @@ from specdiff.runtime.memory import keep_freed_memory
 from specdiff.core.objectives import ar_distill_loss, mask_window, masked_diffusion_loss, naive_window_loss, streak_loss
 from specdiff.distill.config import DistillConfig
 from specdiff.distill.events import Emitter, Evaluated, Note, TrainStep
-from specdiff.distill.evaluate import EvalResult, alpha_plot, evaluate_drafter
+from specdiff.distill.evaluate import alpha_plot, evaluate_drafter
 from specdiff.distill.feature import evaluate_feature_drafter, feature_loss, teacher_forced_eval
-from specdiff.distill.teacher import load_verifier_model
+from specdiff.distill.trajectories import load_verifier_model
+from specdiff.lineage.evaluation import EvalResult
 from specdiff.distill.tracking import NullTracker, make_tracker
 from specdiff.distill.windows import WindowBatch, cut_windows
 

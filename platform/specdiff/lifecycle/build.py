@@ -37,8 +37,8 @@ from typing import Callable, Union
 
 from specdiff.distill.config import DistillConfig, parse_config
 from specdiff.distill.events import Evaluated, Event, TrainStep
-from specdiff.lineage import publish as publish_file
-from specdiff.lineage.publish import publishing
+from specdiff.runtime import publish as publish_file
+from specdiff.runtime.publish import publishing
 from specdiff.models.sources import DEFAULT_VERIFIER, state_dir
 from specdiff.recipes import read_recipe
 
@@ -75,7 +75,7 @@ def write_prompts(work: Path, scale: float = 1.0) -> tuple[Path, Path]:
     multiplies every source's count (a source with fewer prompts gives all it has)."""
     from specdiff import SamplingParams
     from specdiff.distill.selfwritten import packaged
-    from specdiff.distill.teacher import sample_completions
+    from specdiff.distill.trajectories import sample_completions
     from specdiff.models.hf import HFModel
     from specdiff.models.sources import load_causal_lm
     from specdiff.prompts import DISJOINT_SETS, SELF_WRITTEN, TRAINING_MIX, eval_prompts, prompt_ids, training_mix
@@ -433,10 +433,11 @@ def register_default(target: Path, progress: Progress = print_progress) -> str:
     verifier (by digest) and a drafter (by its build record) are registered once. Returns the promotion verdict."""
     import hashlib
 
-    from specdiff.distill.evaluate import HeldoutSpec
+    from specdiff.lineage.evaluation import HeldoutSpec
     from specdiff.distill.teacher import verifier_record
     from specdiff.models.sources import resolve_model_path
-    from specdiff.registry import DRAFTER_PREFIX, VERIFIER_PREFIX, Registry, config_digests, model_uri
+    from specdiff.lifecycle.evaluate import Registry
+    from specdiff.registry import DRAFTER_PREFIX, VERIFIER_PREFIX, config_digests, model_uri
 
     reg = Registry()
 

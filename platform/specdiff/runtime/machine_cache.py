@@ -10,6 +10,7 @@ once never read half a file. A read-only or missing folder only means measuring 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import platform
@@ -18,10 +19,23 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from specdiff.models.dtypes import cpuinfo_value
-from specdiff.lineage.publish import write_text
+from specdiff.runtime.publish import write_text
 
 T = TypeVar("T")
+
+
+@functools.lru_cache(maxsize=None)
+def cpuinfo_value(*keys: str) -> str:
+    """The value of the first /proc/cpuinfo line whose key is one of ``keys`` ("" where the file or the key is
+    missing, e.g. macOS)."""
+    path = Path("/proc/cpuinfo")
+    if not path.is_file():
+        return ""
+    for line in path.read_text(errors="replace").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in keys:
+            return value.strip()
+    return ""
 
 
 def machine() -> list:

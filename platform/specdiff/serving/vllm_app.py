@@ -32,7 +32,7 @@ from pydantic import Field, model_validator
 
 from specdiff.vllm.export import DEFAULT_MIN_DRAFT_CONFIDENCE
 from specdiff.models.sources import DEFAULT_VERIFIER, default_verifier_path, resolve_model_path, state_dir
-from specdiff.lineage.publish import publishing
+from specdiff.runtime.publish import publishing
 from specdiff.serving.config import DEFAULT_DRAFTER, _Strict
 
 

@@ -71,7 +71,7 @@ class VllmExport:
 
 
 DEFAULT_PROMPT_LOOKUP = (2, 4)  # n-gram sizes: the best of 1-4 / 2-4 / 3-4 teacher-forced (docs/vllm.md)
-DEFAULT_MIN_DRAFT_CONFIDENCE = 0.3  # docs/vllm.md, "Confidence cut"; docs/bench/vllm-lookup/cut_walk.py
+DEFAULT_MIN_DRAFT_CONFIDENCE = 0.3  # docs/vllm.md, "Confidence cut"; docs/studies.md, vllm-lookup
 
 
 def checked_confidence(value: object, name: str, alternatives: str = "") -> float:

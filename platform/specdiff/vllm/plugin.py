@@ -13,7 +13,7 @@ with probability p(x) and resampled from p without x otherwise, which is lossles
 tokens with their probabilities (``draft_sample_method='probabilistic'``), every row with a copy gets one-hot
 probabilities (also where the drafter's sample equals the copy: the proposal there is the copy).
 
-Two savings on top (measured in docs/bench/vllm-lookup):
+Two savings on top (measured in docs/studies.md, vllm-lookup):
 
 - Where every request of the step has a copy of the whole window, the drafter's window would be thrown away: only
   the first half of vLLM's drafter pass runs (the new context tokens' keys/values into the draft cache, which later
