@@ -191,7 +191,9 @@ def start_local(port: int, args):
     use_private_token()  # token auth as Ray sets it up, without leaving ~/.ray/auth_token behind
     cores = os.cpu_count() or 1
     # Logical CPUs beyond the cores: the router and proxies need a share while the verifier replica owns the cores.
-    ray.init(address="local", num_cpus=cores + 2, include_dashboard=False, log_to_driver=False)  # private instance
+    # With --vllm-plain, vLLM's engine reserves the cores too (the two apps are measured one after the other).
+    logical = cores + 2 + (cores + 1 if args.vllm_plain else 0)
+    ray.init(address="local", num_cpus=logical, include_dashboard=False, log_to_driver=False)  # private instance
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     small = {"num_cpus": 0.5}
     models = {"demo": True} if args.app == "demo" else {}  # {}: the embedded default pair
