@@ -26,10 +26,9 @@ import torch
 
 from specdiff.core import rounds as R
 from specdiff.core.config import DecodeOptions, SamplingParams, SpecConfig
-from specdiff.models.drafter import Drafter, DrafterUnavailable
+from specdiff.core.roles import Drafter, DrafterUnavailable, Verifier, VerifierSession
 from specdiff.core.policy import SpeculationCosts, SpeculationPolicy, cached_calibrate
 from specdiff.core.stats import DecodeStats
-from specdiff.models.verifier import Verifier, VerifierSession
 
 
 @dataclass

@@ -39,7 +39,7 @@ import torch
 from specdiff.runtime import machine_cache
 from specdiff.core import rounds as R
 from specdiff.core.config import SamplingParams, SpecConfig
-from specdiff.models.drafter import DrafterUnavailable
+from specdiff.core.roles import DrafterUnavailable
 
 PLAIN = (0, 0)  # the policy's "take a plain step" choice: window 0
 CALIBRATION_VERSION = 2  # bump when ``calibrate`` measures something else: kept cost models are then measured again

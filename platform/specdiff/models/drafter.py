@@ -16,35 +16,16 @@ import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Sequence
 
 import torch
 
 from specdiff.core.config import DrafterConfig
+from specdiff.core.roles import Drafter, DrafterUnavailable  # noqa: F401 (the roles, importable from here too)
 from specdiff.models.hf import HFModel
 from specdiff.runtime.extras import require
 
 DRAFTER_META = "specdiff_drafter.json"
-
-
-class DrafterUnavailable(RuntimeError):
-    """Raised by a drafter that cannot answer (remote replica gone, timed out): the decoder then takes a
-    verifier-only step for that round and counts it in ``DecodeStats.fallbacks``."""
-
-
-@runtime_checkable
-class Drafter(Protocol):
-    """Role interface: stateless prefix -> marginals."""
-
-    vocab_size: int
-
-    def propose(self, prefix: Sequence[int], gamma: int) -> torch.Tensor:
-        """Marginals [gamma, V] (float32 probabilities) for the gamma positions after ``prefix``."""
-        ...
-
-    def propose_batch(self, prefixes: Sequence[Sequence[int]], gamma: int) -> torch.Tensor:
-        """Marginals [B, gamma, V] for a batch of prefixes of any lengths."""
-        ...
 
 
 class HFDiffusionDrafter:

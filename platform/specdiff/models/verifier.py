@@ -11,34 +11,13 @@ from __future__ import annotations
 
 import copy
 
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
 from specdiff.models.hf import HFModel, fold_gqa_attention
+from specdiff.core.roles import Verifier, VerifierSession  # noqa: F401 (the roles, importable from here too)
 from specdiff.core.tree import TokenTree
-
-
-class VerifierSession(Protocol):
-    tokens: list[int]
-    # Tapped hidden states [len(tokens) - 1, taps * H] of every token but the pending one (None: no taps).
-    features: torch.Tensor | None
-
-    def score(self, tree: TokenTree) -> torch.Tensor:
-        """Log-probs [N+1, V] (float32) of the next token at every node of ``tree``."""
-        ...
-
-    def commit(self, path: Sequence[int], next_token: int) -> None:
-        """Keep the scored tree's nodes ``path`` (node indices >= 1, root to leaf), then append ``next_token``."""
-        ...
-
-
-class Verifier(Protocol):
-    vocab_size: int
-    max_context: int | None
-    tap_layers: tuple[int, ...] | None  # layers whose outputs sessions keep as ``features`` (a feature drafter's)
-
-    def start(self, prompt: Sequence[int]) -> VerifierSession: ...
 
 
 def check_prompt(prompt: Sequence[int], max_context: int | None, vocab_size: int) -> list[int]:
