@@ -148,3 +148,15 @@ def test_the_recipes_are_package_data():
     assert load_config("tiny", check_paths=False).run.name == "tiny-distill"
     with pytest.raises(FileNotFoundError, match="'tinny': no such file, and no recipe of that name"):
         load_config("tinny")
+
+
+def test_registry_subcommands_dispatch(tmp_path):
+    """`specdiff registry show` reaches the registry's own commands (its subparser's dest must not clobber the
+    top-level command: that raised KeyError 'register-verifier' when README's registry block ran verbatim)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "specdiff", "registry", "--tracking-uri",
+                           f"sqlite:///{tmp_path}/mlflow.db", "show", "--family", "nothing"],
+                          capture_output=True, text=True, timeout=300)
+    assert "KeyError" not in done.stderr, done.stderr[-2000:]

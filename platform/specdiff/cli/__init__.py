@@ -39,7 +39,8 @@ def parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     top = argparse.ArgumentParser(prog="specdiff", description="Speculative decoding with diffusion drafters: "
                                   "decode, align a drafter to a verifier, bench, export to vLLM, keep a registry.",
                                   epilog="`specdiff COMMAND --help` shows a command's flags.")
-    sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # dest "cli_command": a subcommand with commands of its own (registry) keeps "command" for them
+    sub = top.add_subparsers(dest="cli_command", metavar="COMMAND", required=True)
     subs = {}
     for name, module in COMMANDS.items():
         mod = importlib.import_module(f"specdiff.cli.{module}")
@@ -51,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     top, subs = parser()
     args, extra = top.parse_known_args(argv)
     if extra:  # argparse leaves a subcommand's unknown flags to the top parser: name them with the command's usage
-        subs[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
-    module = importlib.import_module(f"specdiff.cli.{COMMANDS[args.command]}")
-    return module.run(subs[args.command], args)
+        subs[args.cli_command].error(f"unrecognized arguments: {' '.join(extra)}")
+    module = importlib.import_module(f"specdiff.cli.{COMMANDS[args.cli_command]}")
+    return module.run(subs[args.cli_command], args)
 
 
 def entry() -> None:
