@@ -7,7 +7,7 @@ For every held-out trajectory (prompt + the verifier's greedy completion, as wri
 every ``--stride``-th offset into the completion, a diffusion drafter proposes a window of γ marginals after the
 prefix; position j counts as a hit when argmax q_j is the verifier's token. An AR drafter (``--ar``) is scored on its
 next-token prediction at every completion position. This separates drafter quality from everything a decode adds
-(tree size, verifier time, sampling), which is what docs/bench/smollm2-bench.md uses it for.
+(tree size, verifier time, sampling), which is what the smollm2-bench study used it for (docs/studies.md).
 """
 
 from __future__ import annotations
