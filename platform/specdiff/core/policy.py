@@ -311,6 +311,7 @@ class SpeculationPolicy:
         self._fails = 0  # probes in a row after which plain still won
         self._since_probe = 0  # plain steps since the last probe
         self._probing = False
+        self._menu: dict | None = None  # the menu the last ``rates`` priced
 
     @classmethod
     def from_spec(cls, spec: SpecConfig, costs: SpeculationCosts, **kwargs) -> SpeculationPolicy:
@@ -369,7 +370,8 @@ class SpeculationPolicy:
         others = load is not None and load.sessions > 0
         base = load.expected / self.costs.verify(load.rows) if others and load.rows > 0 else 0.0
         out = {}
-        for choice, (expected, nodes, draft_s) in self.menu().items():
+        self._menu = self.menu()  # ``expected`` reads the chosen entry back (no second pass over the estimates)
+        for choice, (expected, nodes, draft_s) in self._menu.items():
             if others:
                 out[choice] = (load.expected + expected) / (draft_s + self.costs.verify(load.rows + nodes)) - base
             else:
@@ -377,8 +379,9 @@ class SpeculationPolicy:
         return out
 
     def expected(self, choice: tuple[int, int]) -> float:
-        """Expected tokens of ``choice`` (a round's, or 1 for a plain step)."""
-        return self.menu().get(choice, (1.0, 1.0, 0.0))[0]
+        """Expected tokens of ``choice`` (a round's, or 1 for a plain step), as the last ``rates`` priced it."""
+        menu = self._menu if self._menu is not None else self.menu()
+        return menu.get(choice, (1.0, 1.0, 0.0))[0]
 
     def choose(self, load: Load | None = None) -> tuple[int, int]:
         """(γ, K) for the next round, or ``PLAIN`` = (0, 0); ``load``: see ``rates``."""

@@ -291,3 +291,11 @@ class BatchedSession(HFVerifierSession):
         if self.member is not None:
             self.batcher.leave(self.member)
             self.member = None
+
+
+def batched(verifier, *, per_call: bool = False, **batcher_options):
+    """``verifier`` with its passes in batch steps where it can batch: an ``HFVerifier`` over a model with a ragged
+    forward (the lean Llama); anything else (transformers' models, a remote verifier) is returned as it is."""
+    if isinstance(verifier, HFVerifier) and hasattr(verifier.model, "forward_ragged"):
+        return BatchedVerifier(verifier, per_call=per_call, **batcher_options)
+    return verifier

@@ -255,12 +255,9 @@ class VerifierServer:
     def _batched(self, verifier: Verifier) -> Verifier:
         """``batching``: concurrent calls' passes share batch steps (``specdiff.models.batched``, per call: a pass
         that finds no step running starts one; those arriving meanwhile share the next). The lean forward only."""
-        from specdiff.models.batched import BatchedVerifier
-        from specdiff.models.verifier import HFVerifier
+        from specdiff.models.batched import batched
 
-        if self.batching and isinstance(verifier, HFVerifier) and hasattr(verifier.model, "forward_ragged"):
-            return BatchedVerifier(verifier, per_call=True)
-        return verifier
+        return batched(verifier, per_call=True) if self.batching else verifier
 
     def info(self) -> dict:
         return {"vocab_size": self.verifier.vocab_size, "max_context": self.verifier.max_context, "pair": self.pair,
@@ -449,13 +446,10 @@ class DecodeServer:
         self._pool = ThreadPoolExecutor(max_decodes, thread_name_prefix="decode")
 
     def _batched(self, verifier: Verifier) -> Verifier:
-        from specdiff.models.batched import BatchedVerifier
-        from specdiff.models.verifier import HFVerifier
-
         # transformers' models have no ragged forward: their passes stay one per session, in parallel threads
-        if self.batching and isinstance(verifier, HFVerifier) and hasattr(verifier.model, "forward_ragged"):
-            return BatchedVerifier(verifier, **self._batch_options)
-        return verifier
+        from specdiff.models.batched import batched
+
+        return batched(verifier, **self._batch_options) if self.batching else verifier
 
     @staticmethod
     def _check(verifier: Verifier, drafter: Drafter) -> None:
