@@ -53,7 +53,7 @@ def test_plan_switches_only_the_winning_row_counts(monkeypatch):
     real = kernels.transposed_linear
     monkeypatch.setattr(kernels, "transposed_linear", lambda *a: used.append(a[0].shape[0]) or real(*a))
     with torch.no_grad():
-        for rows in (1, 2, 3, 4, 7, 8, 13, 40):  # 3 follows 2, 7 follows 4; 8 lost; 13 and more: never
+        for rows in (1, 2, 3, 4, 7, 8, 13, 40):  # 3 follows 2, 7 follows 4; 8, 12 and 32 lost
             x = torch.randn(1, rows, 16)
             torch.testing.assert_close(model(x), reference(x), rtol=1e-5, atol=1e-5)
     assert sorted(set(used)) == [2, 3, 4, 7]
@@ -62,6 +62,22 @@ def test_plan_switches_only_the_winning_row_counts(monkeypatch):
     x = torch.randn(3, 16, requires_grad=True)
     model(x).sum().backward()
     assert used == [] and x.grad is not None
+
+
+def test_batch_step_row_counts_are_planned_too(monkeypatch):
+    """A replica's batch step multiplies many sessions' rows at once (16-96): those counts are timed and planned
+    like a single decode's; above the last timed count, always F.linear."""
+    measure, _ = fake_timings({16, 64})
+    monkeypatch.setattr(kernels, "measure_small_rows", measure)
+    model = small_model()
+    assert tune_small_rows(model) == (16, 64)
+    used = []
+    real = kernels.transposed_linear
+    monkeypatch.setattr(kernels, "transposed_linear", lambda *a: used.append(a[0].shape[0]) or real(*a))
+    with torch.no_grad():
+        for rows in (8, 16, 20, 24, 64, 95, 96, 97, 200):  # 20 follows 16, 95 follows 64; 24 and 96 lost
+            model(torch.randn(1, rows, 16))
+    assert sorted(set(used)) == [16, 20, 64, 95]
 
 
 def test_no_winner_leaves_the_model_untouched(monkeypatch):

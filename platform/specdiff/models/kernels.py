@@ -4,10 +4,11 @@ A verifier step multiplies every weight matrix by a handful of rows: one (a plai
 Measured on a 2-core AMD EPYC with AVX2 only (torch 2.13, MKL, float32, two threads, SmolLM2-135M's weights
 streamed as in a forward): ``x @ W.T`` (``F.linear``) took 40 ms over all matrices at one row and 70-87 ms at 2-5
 rows, while the same product computed as ``(W @ x.T).T`` took 26-33 ms at 2-5 rows (2.5x less) and 51 against
-81 ms at 9 rows; at 13 rows and more the two were equal or ``F.linear`` won. A one-row product padded to two rows
+81 ms at 9 rows; at 13 rows and more the two were equal or ``F.linear`` won there, while on a 2-core AMD EPYC with
+AVX-512 the transposed form won up to 96 rows (a 16-session batch step's products: 59 against 82 ms). A one-row product padded to two rows
 took the transposed path too (a plain decoding step: 63 -> 52 ms, the whole forward). Other CPUs, BLAS builds and
 dtypes differ (bf16 goes through oneDNN), so nothing is assumed: ``tune_small_rows`` times both forms on the
-model's own weights for a few row counts and switches only the counts where the transposed form wins; the plan
+model's own weights for the row counts of ``ROWS`` and switches only the counts where the transposed form wins; the plan
 is memoised per process and, given a folder, on disk.
 
 The two forms compute the same sums in another order: results differ in the last bits, as they do between any two
@@ -24,7 +25,10 @@ import torch
 import torch.nn.functional as F
 
 from specdiff.runtime import machine_cache
-ROWS = (1, 2, 4, 8, 12)  # row counts timed; a count between two timed ones follows the lower one, above: F.linear
+# Row counts timed: a decoding step or tree pass (1-12) and a batch step of many sessions' rows (16-96; a replica's
+# continuous batching, ``specdiff.models.batched``). A count between two timed ones follows the lower one; above
+# the last, F.linear (where the two forms were level on every machine measured).
+ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
 WIN = 0.9  # the transposed form must take at most this fraction of F.linear's time
 
 
@@ -73,8 +77,8 @@ def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
 
 def plan_key(model: torch.nn.Module) -> str:
     """What a plan depends on: the machine (CPU, torch, threads) and the weights' shapes and dtype."""
-    return machine_cache.key("small_rows", sorted({(tuple(m.weight.shape), str(m.weight.dtype))
-                                                   for m in _linears(model)}))
+    return machine_cache.key("small_rows", list(ROWS), sorted({(tuple(m.weight.shape), str(m.weight.dtype))
+                                                               for m in _linears(model)}))
 
 
 _PLANS: dict[str, tuple[int, ...]] = {}
