@@ -6,8 +6,8 @@ streamed as in a forward): ``x @ W.T`` (``F.linear``) took 40 ms over all matric
 rows, while the same product computed as ``(W @ x.T).T`` took 26-33 ms at 2-5 rows (2.5x less) and 51 against
 81 ms at 9 rows; at 13 rows and more the two were equal or ``F.linear`` won there, while on a 2-core AMD EPYC
 with AVX-512 the transposed form won up to 96 rows (a 16-session batch step's products: 59 against 82 ms). A
-one-row product padded to two rows took the transposed path too (a plain decoding step: 63 -> 52 ms, the whole forward). Other CPUs, BLAS builds and
-dtypes differ (bf16 goes through oneDNN), so nothing is assumed: ``tune_small_rows`` times both forms on the
+one-row product padded to two rows took the transposed path too (a plain decoding step: 63 -> 52 ms, the whole
+forward). Other CPUs, BLAS builds and dtypes differ (bf16 goes through oneDNN), so nothing is assumed: ``tune_small_rows`` times both forms on the
 model's own weights for the row counts of ``ROWS`` (about 4 s on the machine above, once) and switches only the
 counts where the transposed form wins; the plan is memoised per process and, given a folder, on disk.
 
@@ -76,7 +76,8 @@ def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
 
 
 def plan_key(model: torch.nn.Module) -> str:
-    """What a plan depends on: the machine (CPU, torch, threads), the row counts timed, the weights' shapes and dtype."""
+    """What a plan depends on: the machine (CPU, torch, threads), the row counts timed, the weights' shapes and
+    dtype."""
     return machine_cache.key("small_rows", list(ROWS), sorted({(tuple(m.weight.shape), str(m.weight.dtype))
                                                                for m in _linears(model)}))
 
