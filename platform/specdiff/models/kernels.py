@@ -7,9 +7,9 @@ rows, while the same product computed as ``(W @ x.T).T`` took 26-33 ms at 2-5 ro
 81 ms at 9 rows; at 13 rows and more the two were equal or ``F.linear`` won there, while on a 2-core AMD EPYC
 with AVX-512 the transposed form won up to 96 rows (a 16-session batch step's products: 59 against 82 ms). A
 one-row product padded to two rows took the transposed path too (a plain decoding step: 63 -> 52 ms, the whole
-forward). Other CPUs, BLAS builds and dtypes differ (bf16 goes through oneDNN), so nothing is assumed: ``tune_small_rows`` times both forms on the
-model's own weights for the row counts of ``ROWS`` (about 4 s on the machine above, once) and switches only the
-counts where the transposed form wins; the plan is memoised per process and, given a folder, on disk.
+forward). Other CPUs, BLAS builds and dtypes differ (bf16 goes through oneDNN), so nothing is assumed:
+``tune_small_rows`` times both forms on the model's own weights for the row counts of ``ROWS`` (about 4 s on the
+AVX-512 machine, once) and switches only the counts where the transposed form wins; the plan is memoised per process and, given a folder, on disk.
 
 The two forms compute the same sums in another order: results differ in the last bits, as they do between any two
 BLAS kernels (a one-row GEMV and a nine-row GEMM already do).
