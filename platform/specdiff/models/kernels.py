@@ -9,7 +9,8 @@ with AVX-512 the transposed form won up to 96 rows (a 16-session batch step's pr
 one-row product padded to two rows took the transposed path too (a plain decoding step: 63 -> 52 ms, the whole
 forward). Other CPUs, BLAS builds and dtypes differ (bf16 goes through oneDNN), so nothing is assumed:
 ``tune_small_rows`` times both forms on the model's own weights for the row counts of ``ROWS`` (about 4 s on the
-AVX-512 machine, once) and switches only the counts where the transposed form wins; the plan is memoised per process and, given a folder, on disk.
+AVX-512 machine, once) and switches only the counts where the transposed form wins; the plan is memoised per
+process and, given a folder, on disk.
 
 The two forms compute the same sums in another order: results differ in the last bits, as they do between any two
 BLAS kernels (a one-row GEMV and a nine-row GEMM already do).
