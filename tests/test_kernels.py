@@ -39,6 +39,19 @@ def test_transposed_linear_is_the_same_product(rows, bias):
     out = transposed_linear(x, w, b)
     assert out.shape == (rows, 40)
     torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    # row-major, as F.linear's: a column-major result sent attention's heads (a view of it) to the slow math path
+    assert out.is_contiguous()
+
+
+def test_attention_after_a_planned_projection_takes_the_flash_kernel(monkeypatch):
+    """A batch step's per-session query (one row of a 16-row projection, heads folded) keeps a unit head-dim
+    stride, the layout CPU attention's flash kernel needs; the math path ran 5x slower per call."""
+    layer = SmallRowsLinear(64, 9 * 64, bias=False)
+    layer.small_rows = (16,)
+    with torch.no_grad():
+        q = layer(torch.randn(1, 16, 64)).view(1, 16, 9, 64).transpose(1, 2)
+        one = q[:, :, 5:6].reshape(1, 3, 3, 64)  # what attend folds for a one-row piece (3 kv heads)
+    assert one.stride(-1) == 1
 
 
 def test_plan_switches_only_the_winning_row_counts(monkeypatch):
