@@ -231,6 +231,23 @@ def test_serve_app_exports_once_and_turns_speculation_off_above_its_batch(pair, 
         VLLMAppConfig(gamma=0)
 
 
+def test_cpu_engine_sizes_its_kv_cache_instead_of_asking_for_most_of_the_machine(tmp_path):
+    """vLLM's CPU default wants 92% of the machine's memory free at start (it refused to start beside our own
+    Decoder replica): a CPU deployment asks for kv_cache_gib (default 2 GiB); a GPU one leaves vLLM's default;
+    engine_kwargs that size the cache win."""
+    from specdiff.serving.vllm_app import VLLMAppConfig, engine_kwargs
+
+    cpu = engine_kwargs(VLLMAppConfig(drafter=None, dtype="float32"), tmp_path)
+    assert cpu["kv_cache_memory_bytes"] == 2 * 2**30 and cpu["dtype"] == "float32"
+    assert engine_kwargs(VLLMAppConfig(drafter=None, kv_cache_gib=0.5), tmp_path)["kv_cache_memory_bytes"] == 2**29
+    gpu = engine_kwargs(VLLMAppConfig(drafter=None, num_gpus=1, dtype="float32"), tmp_path)
+    assert "kv_cache_memory_bytes" not in gpu
+    own = engine_kwargs(VLLMAppConfig(drafter=None, engine_kwargs={"gpu_memory_utilization": 0.3}), tmp_path)
+    assert "kv_cache_memory_bytes" not in own and own["gpu_memory_utilization"] == 0.3
+    with pytest.raises(ValueError, match="kv_cache_gib"):
+        VLLMAppConfig(kv_cache_gib=0)
+
+
 def test_bench_vllm_crossover_is_where_speculation_stops_keeping_up():
     sys.path.insert(0, str(ROOT / "jobs"))
     from bench_vllm import crossover

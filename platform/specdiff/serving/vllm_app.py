@@ -73,6 +73,10 @@ class VLLMAppConfig(_Strict):
     accelerator_type: str | None = Field(None, description="GPU type, e.g. 'A100' (GPU deployments only).")
     min_replicas: int = Field(1, ge=1)
     max_replicas: int = Field(1, ge=1)
+    kv_cache_gib: float | None = Field(None, gt=0, description="Memory for vLLM's KV cache, GiB (its "
+                                       "kv_cache_memory_bytes). Default: 2 on a CPU deployment, where vLLM's own "
+                                       "default asks for 92% of the machine's memory free at start and refuses to "
+                                       "start beside another replica; on a GPU, vLLM's gpu_memory_utilization.")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="More vLLM engine arguments (win).")
 
     @model_validator(mode="after")
@@ -128,13 +132,13 @@ def _digest(folder: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def llm_config(cfg: VLLMAppConfig, *, plain: bool = False):
-    """The ``ray.serve.llm.LLMConfig`` of the app's engine (``plain``: the verifier alone, ``<model_id>-plain``)."""
-    from ray.serve.llm import LLMConfig
+CPU_KV_CACHE_GIB = 2.0
 
+
+def engine_kwargs(cfg: VLLMAppConfig, verifier_dir: Path, *, plain: bool = False) -> dict[str, Any]:
+    """vLLM's engine arguments for the app's engine (``plain``: the verifier alone): ``cfg.engine_kwargs`` win."""
     from specdiff.models.dtypes import dtype_name, resolve_dtype
 
-    verifier_dir = _verifier_dir(cfg)
     gpu = cfg.num_gpus > 0
     engine = {
         "dtype": dtype_name(resolve_dtype(cfg.dtype, device="cuda" if gpu else "cpu")),
@@ -147,7 +151,20 @@ def llm_config(cfg: VLLMAppConfig, *, plain: bool = False):
         export = _export(cfg, verifier_dir)
         engine["speculative_config"] = speculative_config(export, cfg.gamma, cfg.speculation_max_batch,
                                                           cfg.max_num_seqs)
+    sized = {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(cfg.engine_kwargs)
+    if (cfg.kv_cache_gib is not None or not gpu) and not sized:
+        engine["kv_cache_memory_bytes"] = int((cfg.kv_cache_gib or CPU_KV_CACHE_GIB) * 2**30)
     engine.update(cfg.engine_kwargs)
+    return engine
+
+
+def llm_config(cfg: VLLMAppConfig, *, plain: bool = False):
+    """The ``ray.serve.llm.LLMConfig`` of the app's engine (``plain``: the verifier alone, ``<model_id>-plain``)."""
+    from ray.serve.llm import LLMConfig
+
+    verifier_dir = _verifier_dir(cfg)
+    gpu = cfg.num_gpus > 0
+    engine = engine_kwargs(cfg, verifier_dir, plain=plain)
     deployment = {"autoscaling_config": {"min_replicas": cfg.min_replicas, "max_replicas": cfg.max_replicas}}
     kwargs: dict[str, Any] = {}
     if gpu:
