@@ -19,13 +19,14 @@ def fresh_plans(monkeypatch):
     monkeypatch.setattr(kernels, "_PLANS", {})
 
 
-def fake_timings(wins: set[int]):
-    """measure_small_rows stand-in: the transposed form wins (half the time) exactly at ``wins``."""
+def fake_timings(wins: set[int], packed: set[int] = frozenset()):
+    """measure_small_rows stand-in: the transposed form wins (half the time) exactly at ``wins``, the packed one
+    (a third of the time) at ``packed``."""
     calls = []
 
     def measure(model, repeats=2):
         calls.append(model)
-        return {r: (1.0, 0.5 if r in wins else 1.0) for r in ROWS}
+        return {r: (1.0, 0.5 if r in wins else 1.0, 0.3 if r in packed else 1.0) for r in ROWS}
 
     return measure, calls
 
@@ -141,9 +142,10 @@ def test_a_copied_model_keeps_its_plan_on_its_own_weights(monkeypatch):
 def test_real_measurement_on_a_small_model():
     timings = kernels.measure_small_rows(small_model(), repeats=1)
     assert set(timings) == set(ROWS)
-    assert all(a > 0 and b > 0 for a, b in timings.values())
-    plan = tune_small_rows(small_model())
-    assert set(plan) <= set(ROWS)
+    assert all(len(t) == 3 and all(s > 0 for s in t) for t in timings.values())
+    model = small_model()
+    plan = tune_small_rows(model)
+    assert set(plan) <= set(ROWS) and set(kernels.packed_rows(model)) <= set(ROWS) - set(plan)
 
 
 def test_a_tuned_feature_drafter_proposes_the_same_marginals(monkeypatch, verifier_model):
@@ -165,3 +167,57 @@ def test_a_tuned_feature_drafter_proposes_the_same_marginals(monkeypatch, verifi
         torch.testing.assert_close(got, reference.propose(session.tokens, gamma, session.features),
                                    rtol=1e-4, atol=1e-6)
     assert gamma in used  # the head's product over the mask rows took the transposed form
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 40])
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_linear_is_the_same_product(rows, bias):
+    torch.manual_seed(rows)
+    x, w = torch.randn(1, rows, 24), torch.randn(40, 24)
+    b = torch.randn(40) if bias else None
+    out = kernels.packed_linear(x, kernels.pack_weight(w), b)
+    assert out.shape == (1, rows, 40) and out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_choose_forms_takes_the_fastest_form_that_beats_f_linear():
+    t = {1: (1.0, 0.5, 0.6), 2: (1.0, 0.6, 0.5), 4: (1.0, 0.95, 0.92), 8: (1.0, 0.5, float("inf")), 16: (1.0, 0.4)}
+    assert kernels.choose_forms(t) == ([1, 8, 16], [2])  # 4: neither within WIN of F.linear
+
+
+def test_packed_row_counts_follow_the_plan_and_the_weight(monkeypatch):
+    """Counts planned for the packed form run oneDNN's product on a packed copy, made once and again when the weight
+    changes in place; with gradients, F.linear; a deep copy packs its own weights."""
+    measure, _ = fake_timings({2}, packed={16, 64})
+    monkeypatch.setattr(kernels, "measure_small_rows", measure)
+    model = small_model()
+    reference = copy.deepcopy(model)
+    assert tune_small_rows(model) == (2,) and kernels.packed_rows(model) == (16, 64)
+    packs, used = [], []
+    real_pack, real_run = kernels.pack_weight, kernels.packed_linear
+    monkeypatch.setattr(kernels, "pack_weight", lambda w: packs.append(tuple(w.shape)) or real_pack(w))
+    monkeypatch.setattr(kernels, "packed_linear", lambda x, *a: used.append(x.numel() // x.shape[-1])
+                        or real_run(x, *a))
+    with torch.no_grad():
+        for rows in (2, 8, 16, 20, 64, 96, 200):  # 20 follows 16; 96 and 200 are not packed counts
+            x = torch.randn(1, rows, 16)
+            torch.testing.assert_close(model(x), reference(x), rtol=1e-5, atol=1e-5)
+        assert sorted(set(used)) == [16, 20, 64] and packs == [(32, 16), (8, 32)]  # each weight packed once
+        for net in (model, reference):
+            net[2].weight.mul_(2.0)  # an in-place update (an optimizer step): the packed copy is made again
+        x = torch.randn(1, 16, 16)
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-5, atol=1e-5)
+        assert packs[2:] == [(8, 32)]
+        twin = copy.deepcopy(model)
+        twin[2].weight.zero_()
+        assert torch.count_nonzero(twin(x)) == 0 and torch.count_nonzero(model(x)) > 0
+    used.clear()
+    x = torch.randn(16, 16, requires_grad=True)
+    model(x).sum().backward()
+    assert used == [] and x.grad is not None
+
+
+def test_packed_form_is_not_timed_where_its_copies_would_not_fit(monkeypatch):
+    monkeypatch.setattr(kernels, "_available_memory", lambda: 1000)  # bytes: less than 4x the weights
+    timings = kernels.measure_small_rows(small_model(), repeats=1)
+    assert all(t[2] == float("inf") and t[0] > 0 for t in timings.values())

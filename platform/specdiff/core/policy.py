@@ -219,7 +219,8 @@ def costs_key(drafter, verifier, max_gamma: int, max_candidates: int) -> str:
     """What a cost model depends on: the machine, the verifier's and the drafter's kinds, weight shapes and dtypes,
     their kernel plans and taps, and the largest γ and K (the sizes ``calibrate`` times)."""
     def kind(x) -> list:
-        return [type(x).__qualname__, getattr(x, "small_rows", None), getattr(x, "tap_layers", None)]
+        return [type(x).__qualname__, getattr(x, "small_rows", None), getattr(x, "packed_rows", None),
+                getattr(x, "tap_layers", None)]
 
     transformers = sys.modules.get("transformers")  # its attention and cache code are part of a pass's price
     return machine_cache.key("costs", CALIBRATION_VERSION, getattr(transformers, "__version__", None),

@@ -217,6 +217,7 @@ class BatchedVerifier:
         self.tap_layers = verifier.tap_layers
         self.hidden_size = verifier.hidden_size
         self.small_rows = verifier.small_rows
+        self.packed_rows = verifier.packed_rows
         self.hf = verifier.hf
         model = verifier.hf.model
         self._ragged = getattr(model, "forward_ragged", None)
@@ -238,11 +239,11 @@ class BatchedVerifier:
     # -- one step --------------------------------------------------------------------------------------------------
     def _run(self, passes: list[_Pass]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         taps = next((p.taps for p in passes if p.taps), None)  # a plain decode's passes want none
-        if self._ragged is not None:
+        if self._ragged is not None and len(passes) > 1:
             out = self._ragged([p.piece for p in passes], taps)
             return [(logits, feats if p.taps else None) for p, (logits, feats) in zip(passes, out)]
         results = []
-        for p in passes:  # transformers: one pass at a time
+        for p in passes:  # a pass alone takes the model's own forward, as unbatched (transformers: one at a time)
             piece = p.piece
             out = self.hf.logits(piece.input_ids[None], attention_mask=piece.mask,
                                  position_ids=None if piece.position_ids is None else piece.position_ids[None],

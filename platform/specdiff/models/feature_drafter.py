@@ -256,6 +256,7 @@ class FeatureDrafter:
         self.tap_layers = c.target_layer_ids
         self.record = record or {}
         self.small_rows: tuple[int, ...] = ()  # row counts that take the transposed product (``tune_kernels``)
+        self.packed_rows: tuple[int, ...] = ()  # and those that take oneDNN's product on packed weights
         self._lock = threading.Lock()
         self._tokens: list[int] = []
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -372,9 +373,10 @@ class FeatureDrafter:
         """Decoding on a CPU: time the two forms of the few-row products on the draft layers' weights (once per
         machine, ``specdiff.models.kernels``) and use the faster one there and in the head. Training is unaffected
         (products with gradients always take ``F.linear``)."""
-        from specdiff.models.kernels import tune_small_rows
+        from specdiff.models.kernels import packed_rows, tune_small_rows
 
         self.small_rows = tune_small_rows(self.model, cache_dir)
+        self.packed_rows = packed_rows(self.model)
         return self.small_rows
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -43,11 +43,13 @@ class HFVerifier:
     def __init__(self, model: torch.nn.Module, *, max_context: int | None = None,
                  tap_layers: Sequence[int] | None = None, tune_kernels: bool = True):
         self.small_rows: tuple[int, ...] = ()  # row counts that take the transposed product (specdiff.models.kernels)
+        self.packed_rows: tuple[int, ...] = ()  # and those that take oneDNN's product on packed weights
         if tune_kernels:
-            from specdiff.models.kernels import tune_small_rows
+            from specdiff.models.kernels import packed_rows, tune_small_rows
             from specdiff.models.sources import state_dir
 
             self.small_rows = tune_small_rows(model, state_dir() / "kernels")
+            self.packed_rows = packed_rows(model)
         fold_gqa_attention(model)  # tree passes without copying keys/values per query head (``hf._gqa_sdpa``)
         self.hf = HFModel(model)
         self.vocab_size = self.hf.vocab_size
