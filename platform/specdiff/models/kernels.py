@@ -34,9 +34,9 @@ import torch.nn.functional as F
 from specdiff.runtime import machine_cache
 # Row counts timed: a decoding step or tree pass (1-12) and a batch step of many sessions' rows (16-96; a replica's
 # continuous batching, ``specdiff.models.batched``). A count between two timed ones follows the lower one; above
-# the last, F.linear (where the two forms were level on every machine measured).
+# the last (a prefill), F.linear, though the packed form was faster there too on the AVX-512 EPYC (not planned yet).
 ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
-WIN = 0.9  # the transposed form must take at most this fraction of F.linear's time
+WIN = 0.9  # a form other than F.linear must take at most this fraction of F.linear's time
 
 
 class SmallRowsLinear(torch.nn.Linear):
