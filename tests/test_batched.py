@@ -232,3 +232,99 @@ def test_verifier_replica_batches_concurrent_calls_per_call(lean):
     [t.join(timeout=60) for t in threads]
     assert [o.outcome.tokens for o in out] == want
     assert batched.verifier.batcher.steps <= 2 * len(PROMPTS)  # a prefill and a tree each, some shared
+
+
+def test_drafter_windows_batched_equal_each_alone_and_extend_each_cache(lean):
+    """``propose_many``: ragged contexts and windows of several decodes in one pass give each decode's own marginals,
+    and leave each decode's context cache as its own ``propose`` would (the next call extends it)."""
+    drafter = build_feature_drafter(lean, num_layers=1, seed=0)
+    verifier = HFVerifier(lean, tune_kernels=False, tap_layers=drafter.tap_layers)
+    sessions = [verifier.start(p) for p in PROMPTS]
+    gammas = [1 + i % 4 for i in range(len(PROMPTS))]
+    alone_views, batch_views = [drafter.open() for _ in PROMPTS], [drafter.open() for _ in PROMPTS]
+    for grow in (0, 2):  # a first call (whole contexts), then one after the sessions grew by a few tokens
+        for s in sessions:
+            for _ in range(grow):
+                s.score(chain_of(s.tokens[-1], []))
+                s.commit([], 3)
+        want = [v.propose(s.tokens, g, s.features) for v, s, g in zip(alone_views, sessions, gammas)]
+        got = drafter.propose_many([(v, s.tokens, g, s.features) for v, s, g in zip(batch_views, sessions, gammas)])
+        for w, g in zip(want, got):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+        for a, b in zip(alone_views, batch_views):
+            assert a._tokens == b._tokens
+            for (ka, va), (kb, vb) in zip(a._kv, b._kv):
+                torch.testing.assert_close(kb, ka, rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(vb, va, rtol=1e-5, atol=1e-6)
+
+
+def test_decoder_replica_batches_feature_drafter_windows_exactly(lean):
+    """A Decoder replica drafts its decodes' windows in batch steps that take turns with the verifier's: each
+    decode's tokens are those of its decode alone, windows did share steps, and every decode left both batchers."""
+    from specdiff import DecodeOptions
+    from specdiff.models.batched import BatchedDrafter
+    from specdiff.serving.servers import DecodeServer
+
+    drafter = build_feature_drafter(lean, num_layers=1, seed=0)
+    verifier = HFVerifier(lean, tune_kernels=False, tap_layers=drafter.tap_layers)
+    server = DecodeServer((verifier, drafter), max_decodes=8)
+    assert isinstance(server.batched_drafter, BatchedDrafter)
+    options = DecodeOptions(max_new_tokens=16, spec=SpecConfig(gamma=3, num_candidates=2), seed=0)
+    alone = [SpeculativeDecoder(drafter, verifier).generate(p, options).tokens for p in PROMPTS]
+    sizes = []
+    batcher = server.batched_drafter.batcher
+    run = batcher._run
+    batcher._run = lambda items: (sizes.append(len(items)), run(items))[1]
+    out = [None] * len(PROMPTS)
+
+    def decode(i):
+        out[i] = [t for tokens, _ in server.stream(PROMPTS[i], options) for t in tokens]
+
+    threads = [threading.Thread(target=decode, args=(i,)) for i in range(len(PROMPTS))]
+    [t.start() for t in threads]
+    [t.join(timeout=120) for t in threads]
+    assert out == alone
+    assert max(sizes) > 1 and len(sizes) < sum(len(o) for o in out)  # windows shared drafter steps
+    assert batcher.members == 0 and server.batched.batcher.members == 0
+
+
+def test_batchers_of_a_group_take_turns_and_fire_when_every_session_waits_in_one():
+    """Two batchers the same sessions alternate between (``peer``): a step fires as soon as every session waits in
+    one of them, never while the other's step runs, and the sessions of a step that ends are waited for."""
+    running, overlap, steps = [], [], []
+
+    def slow(tag):
+        def run(items):
+            if running:
+                overlap.append(tag)
+            running.append(tag)
+            steps.append((tag, sorted(items)))
+            time.sleep(0.2)
+            running.remove(tag)
+            return items
+        return run
+
+    verify = StepBatcher(slow("verify"), max_wait_s=5.0, max_delay_s=5.0)  # long waits: only "everyone waits" fires
+    draft = StepBatcher(slow("draft"), max_wait_s=5.0, max_delay_s=5.0, peer=verify)
+    one, two = (verify.join(), draft.join()), (verify.join(), draft.join())  # two sessions, a member of each
+
+    def session_one():  # verifies, then drafts
+        verify.submit("v1", member=one[0])
+        draft.submit("d1", member=one[1])
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=session_one),
+               threading.Thread(target=draft.submit, args=("d2",), kwargs={"member": two[1]})]
+    threads[1].start()
+    time.sleep(0.05)
+    threads[0].start()
+    [t.join(timeout=20) for t in threads]
+    assert time.perf_counter() - t0 < 3  # never waited for a deadline
+    assert not overlap
+    # both waited (one in each): the verify step fired; the draft step waited for it and for its session
+    assert steps == [("verify", ["v1"]), ("draft", ["d1", "d2"])]
+    alone = StepBatcher(lambda items: items, max_wait_s=5.0, max_delay_s=0.3)
+    alone.join(), alone.join()
+    t0 = time.perf_counter()
+    alone.submit("x", member=1)  # without a group the other member is waited for until the deadline
+    assert time.perf_counter() - t0 > 0.25

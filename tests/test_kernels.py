@@ -79,8 +79,8 @@ def test_plan_switches_only_the_winning_row_counts(monkeypatch):
 
 
 def test_batch_step_row_counts_are_planned_too(monkeypatch):
-    """A replica's batch step multiplies many sessions' rows at once (16-96): those counts are timed and planned
-    like a single decode's; above the last timed count, always F.linear."""
+    """A replica's batch step multiplies many sessions' rows at once (16-256): those counts are timed and planned
+    like a single decode's; above the last timed count, never the transposed form."""
     measure, _ = fake_timings({16, 64})
     monkeypatch.setattr(kernels, "measure_small_rows", measure)
     model = small_model()
@@ -89,9 +89,26 @@ def test_batch_step_row_counts_are_planned_too(monkeypatch):
     real = kernels.transposed_linear
     monkeypatch.setattr(kernels, "transposed_linear", lambda *a: used.append(a[0].shape[0]) or real(*a))
     with torch.no_grad():
-        for rows in (8, 16, 20, 24, 64, 95, 96, 97, 200):  # 20 follows 16, 95 follows 64; 24 and 96 lost
+        for rows in (8, 16, 20, 24, 64, 95, 96, 97, 200, 256, 300):  # 20 follows 16, 95 follows 64; 24, 96 lost
             model(torch.randn(1, rows, 16))
     assert sorted(set(used)) == [16, 20, 64, 95]
+
+
+@pytest.mark.parametrize("last_packed", [True, False])
+def test_prefill_rows_take_the_packed_form_where_it_won_at_the_last_count(monkeypatch, last_packed):
+    """Above the last timed count (a prefill), the packed form if it took that count, else F.linear."""
+    top = ROWS[-1]
+    measure, _ = fake_timings(set(), packed={16, top} if last_packed else {16})
+    monkeypatch.setattr(kernels, "measure_small_rows", measure)
+    model = small_model()
+    tune_small_rows(model)
+    used = []
+    real = kernels.packed_linear
+    monkeypatch.setattr(kernels, "packed_linear", lambda x, *a: used.append(x.numel() // x.shape[-1]) or real(x, *a))
+    with torch.no_grad():
+        for rows in (16, top - 1, top, top + 1, 4 * top):
+            model(torch.randn(1, rows, 16))
+    assert sorted(set(used)) == ([16, top, top + 1, 4 * top] if last_packed else [16])
 
 
 def test_no_winner_leaves_the_model_untouched(monkeypatch):

@@ -210,6 +210,14 @@ def _decode_loop(
             close()
 
 
+def _closing(loop: Iterator[list[int]], close: Callable[[], None]) -> Iterator[list[int]]:
+    """``loop``, then ``close()`` however it ends (the decode's drafter view leaves its batch steps)."""
+    try:
+        yield from loop
+    finally:
+        close()
+
+
 class SpeculativeDecoder:
     """Speculative decoding with a diffusion drafter and self-selection; output distributed exactly as the verifier's.
 
@@ -338,7 +346,8 @@ class SpeculativeDecoder:
                                streak_probs=out.streak_probs, lookup=looked_up)
             return tokens
 
-        return _decode_loop(self.verifier, prompt, stopper, stats, step)
+        loop = _decode_loop(self.verifier, prompt, stopper, stats, step)
+        return loop if opened is None or not hasattr(opened, "close") else _closing(loop, opened.close)
 
     def _costs(self, spec: SpecConfig, prompt: list[int], stats: DecodeStats) -> SpeculationCosts:
         """The cost model: given, kept from an earlier process (``costs_cache``), or measured once (on a throwaway

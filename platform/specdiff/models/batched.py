@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from specdiff.core.policy import Load
+from specdiff.models.feature_drafter import FeatureDrafter, FeatureDraftSession
 from specdiff.models.llama import Piece
 from specdiff.models.verifier import HFVerifier, HFVerifierSession, check_prompt
 
@@ -60,12 +61,18 @@ class StepBatcher:
     alone, so a bad request fails only itself."""
 
     def __init__(self, run: Callable[[list], list], *, rollback: Callable[[list], None] | None = None,
-                 max_wait_s: float = 0.003, max_delay_s: float = 0.05, max_rows: int = 4096):
+                 max_wait_s: float = 0.003, max_delay_s: float = 0.05, max_rows: int = 4096,
+                 peer: StepBatcher | None = None):
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self._run, self._rollback = run, rollback
         self.max_wait_s, self.max_delay_s, self.max_rows = max_wait_s, max_delay_s, max_rows
-        self._cond = threading.Condition()
+        # ``peer``: another batcher the same sessions alternate with (a drafter's, beside the verifier's). They share
+        # one lock, and a step of either fires when every session waits in one of them.
+        self._cond = threading.Condition() if peer is None else peer._cond
+        self._group: list[StepBatcher] = [self] if peer is None else peer._group
+        if peer is not None:
+            self._group.append(self)
         self._pending: list[_Request] = []
         self._members: dict[int, tuple[int, float]] = {}  # member -> (rows, expected tokens) of its last request
         self._next_member = 0
@@ -124,19 +131,24 @@ class StepBatcher:
         return req.result
 
     def _wait_s(self) -> float:
-        """0: fire now; else how long to wait before looking again (with the lock held)."""
-        if self._busy or not self._pending:
+        """0: fire now; else how long to wait before looking again (with the lock held). In a group (``peer``) the
+        batchers take turns: none fires while another's step runs, and every count below is over the group."""
+        group = self._group
+        if any(b._busy for b in group) or not self._pending:
             return 1.0  # woken by notify when the step in flight ends or a request arrives
-        waiting = sum(1 for r in self._pending if r.member is not None)
-        if waiting >= len(self._members) or any(r.member is None for r in self._pending):
+        if any(r.member is None for r in self._pending):
+            return 0.0
+        waiting = sum(1 for b in group for r in b._pending if r.member is not None)
+        if waiting >= max(len(b._members) for b in group):
             return 0.0
         # Waits count from the end of the last step too: the sessions of the step that just ended need a moment to
         # come back, and a request that arrived during that step must not fire a step of its own meanwhile (a
         # replica would then alternate between two half batches). Stragglers get a tenth of a step's time.
         gap = max(self.max_wait_s, 0.1 * self.last_step.seconds) if self.last_step is not None else self.max_wait_s
-        start = max(self._pending[0].arrived, self._last_end)
+        ended = max(b._last_end for b in group)
+        start = max(self._pending[0].arrived, ended)
         now = time.perf_counter()
-        return min(max(self._last_arrival, self._last_end) + gap, start + self.max_delay_s) - now
+        return min(max(max(b._last_arrival for b in group), ended) + gap, start + self.max_delay_s) - now
 
     def _step(self) -> None:
         """Take a step's requests and run them, releasing the lock meanwhile (called with it held)."""
@@ -300,3 +312,54 @@ def batched(verifier, *, per_call: bool = False, **batcher_options):
     if isinstance(verifier, HFVerifier) and hasattr(verifier.model, "forward_ragged"):
         return BatchedVerifier(verifier, per_call=per_call, **batcher_options)
     return verifier
+
+
+class BatchedDrafter:
+    """A feature drafter whose decodes draft in batch steps: ``open()`` gives each decode a view with its own
+    context cache (as ``FeatureDrafter.open``) whose ``propose`` hands its window to a ``StepBatcher``; a step runs
+    every waiting decode's window in one pass (``FeatureDrafter.propose_many``). Alone, a decode drafts as it would
+    unbatched. Sixteen decodes drafting one call each spent as much CPU as their verifier step (the draft layer is
+    small, so a call is mostly per-call overhead); batched, they pay about one call."""
+
+    needs_features = True
+
+    def __init__(self, drafter, **batcher_options):
+        self.drafter = drafter
+        self.vocab_size, self.tap_layers = drafter.vocab_size, drafter.tap_layers
+        self.batcher = StepBatcher(drafter.propose_many, **batcher_options)
+
+    def open(self) -> BatchedDraftSession:
+        return BatchedDraftSession(self)
+
+    def propose(self, prefix: Sequence[int], gamma: int, features: torch.Tensor | None = None) -> torch.Tensor:
+        return self.drafter.propose(prefix, gamma, features)
+
+
+class BatchedDraftSession(FeatureDraftSession):
+    """``BatchedDrafter.open()``: one decode's context cache, its windows drafted in the drafter's batch steps.
+    ``close()`` leaves them (the engine calls it when the decode ends); until then each step waits for this
+    decode a moment (``StepBatcher``: at most ``max_wait_s`` after the last arrival)."""
+
+    def __init__(self, owner: BatchedDrafter):
+        super().__init__(owner.drafter)
+        self.batcher = owner.batcher
+        self.member: int | None = self.batcher.join()
+
+    def propose(self, prefix: Sequence[int], gamma: int, features: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_call(prefix, gamma, features)
+        if self.member is None:  # closed: draft alone
+            return super().propose(prefix, gamma, features)
+        return self.batcher.submit((self, list(prefix), gamma, features), gamma + 1, member=self.member)
+
+    def close(self) -> None:
+        if self.member is not None:
+            self.batcher.leave(self.member)
+            self.member = None
+
+
+def batched_drafter(drafter, **batcher_options):
+    """``drafter`` with its decodes' windows in batch steps where it can batch (a ``FeatureDrafter``); any other
+    drafter is returned as it is (its decodes draft one call each, in parallel threads)."""
+    if isinstance(drafter, FeatureDrafter):
+        return BatchedDrafter(drafter, **batcher_options)
+    return drafter

@@ -317,6 +317,70 @@ class FeatureDrafter:
             return self.window(prefix[-1], len(prefix) - 1, gamma, state._kv)
 
     @torch.no_grad()
+    def propose_many(self, calls: Sequence[tuple[FeatureDraftSession, Sequence[int], int, torch.Tensor]]
+                     ) -> list[torch.Tensor]:
+        """Several decodes' windows in one pass: ``calls`` of (session, prefix, gamma, features), each session a
+        ``FeatureDraftSession`` whose context cache is extended as its own ``propose`` would -> each call's marginals
+        [gamma, V]. The new context rows of all calls go through one projection, the windows through one block
+        forward (contexts and windows padded to the longest and masked) and one head product, so a batch of 16
+        costs about what one call does (the drafter's layers are small: per-call overhead, not arithmetic, is most
+        of a call). Each call's marginals equal its own ``propose`` up to the rounding of products over more rows;
+        the verifier decides what is emitted, so outputs are unaffected either way."""
+        if len(calls) == 1:
+            state, prefix, gamma, feats = calls[0]
+            return [self._propose_cached(list(prefix), gamma, feats, state)]
+        m, c, device = self.model, self.config, self.device
+        calls = [(state, list(prefix), gamma, feats) for state, prefix, gamma, feats in calls]
+        news = []
+        for state, prefix, _, feats in calls:
+            n = self._check_features(prefix, feats)
+            keep = _common_length(state._tokens, prefix[:n]) if state._kv is not None else 0
+            news.append((keep, n, feats[keep:n]))
+        fresh = [(keep, n, f) for keep, n, f in news if len(f)]
+        if fresh:  # every call's new context rows in one projection
+            positions = torch.cat([torch.arange(keep, n) for keep, n, _ in fresh])[None]
+            projected = m.context(torch.cat([f for *_, f in fresh])[None], positions)
+        offset = 0
+        for (state, prefix, _, _), (keep, n, f) in zip(calls, news):
+            old = state._kv if keep else None
+            if len(f):
+                kv = [(k[:, :, offset:offset + len(f)], v[:, :, offset:offset + len(f)]) for k, v in projected]
+                offset += len(f)
+                state._kv = kv if old is None else [(torch.cat([k0[:, :, :keep], k1], 2),
+                                                     torch.cat([v0[:, :, :keep], v1], 2))
+                                                    for (k0, v0), (k1, v1) in zip(old, kv)]
+            else:
+                state._kv = None if old is None else [(k[:, :, :keep], v[:, :, :keep]) for k, v in old]
+            state._tokens = prefix[:n]
+        # The windows: [anchor, MASK x gamma] at positions start .. start + gamma, as ``window``, padded to the
+        # longest window; each row attends to its own context and its own window only.
+        gammas = [gamma for _, _, gamma, _ in calls]
+        q = max(gammas) + 1
+        lengths = [0 if state._kv is None else int(state._kv[0][0].shape[2]) for state, *_ in calls]
+        width = max(lengths)
+        anchors = torch.tensor([prefix[-1] for _, prefix, _, _ in calls], device=self.embed.weight.device)
+        embeds = block_embeds(self.embed, m.mask_embedding, anchors, q - 1).to(device, self.dtype)
+        starts = torch.tensor([len(prefix) - 1 for _, prefix, _, _ in calls], device=device)
+        positions = starts[:, None] + torch.arange(q, device=device)
+        mask = torch.zeros(len(calls), q, width + q, dtype=torch.bool, device=device)
+        ctx = []
+        for layer in range(c.num_layers):
+            keys = torch.zeros(len(calls), c.num_kv_heads, width, c.head_dim, dtype=self.dtype, device=device)
+            values = torch.zeros_like(keys)
+            for b, (state, *_) in enumerate(calls):
+                if lengths[b]:
+                    keys[b, :, : lengths[b]] = state._kv[layer][0][0]
+                    values[b, :, : lengths[b]] = state._kv[layer][1][0]
+            ctx.append((keys, values))
+        for b, (length, gamma) in enumerate(zip(lengths, gammas)):
+            mask[b, :, :length] = True
+            mask[b, :, width: width + gamma + 1] = True
+        hidden = m.block(embeds, positions, ctx, mask)  # [B, Q, H]
+        rows = torch.cat([hidden[b, 1: gamma + 1] for b, gamma in enumerate(gammas)])
+        probs = self.to_vocab(self.logits(rows).float().softmax(-1)).cpu()
+        return list(probs.split(gammas))
+
+    @torch.no_grad()
     def _marginals(self, prefix: list[int], gamma: int, feats: torch.Tensor) -> torch.Tensor:
         """One window without the cache (batched calls: evaluation)."""
         n = self._check_features(prefix, feats)
@@ -429,6 +493,10 @@ class FeatureDraftSession:
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def propose(self, prefix: Sequence[int], gamma: int, features: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_call(prefix, gamma, features)
+        return self.drafter._propose_cached(list(prefix), gamma, features, self)
+
+    def _check_call(self, prefix: Sequence[int], gamma: int, features: torch.Tensor | None) -> None:
         if not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
         if features is None:
@@ -436,7 +504,9 @@ class FeatureDraftSession:
                              f"verifier with tap_layers={list(self.tap_layers)}")
         if len(prefix) == 0:
             raise ValueError("prefix must contain at least one token, got an empty prefix")
-        return self.drafter._propose_cached(list(prefix), gamma, features, self)
+
+    def close(self) -> None:
+        """The decode is over (the engine calls it); a batched view leaves its batch steps here."""
 
 
 def _common_length(a: Sequence[int], b: Sequence[int]) -> int:

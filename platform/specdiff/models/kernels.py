@@ -32,10 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from specdiff.runtime import machine_cache
-# Row counts timed: a decoding step or tree pass (1-12) and a batch step of many sessions' rows (16-96; a replica's
-# continuous batching, ``specdiff.models.batched``). A count between two timed ones follows the lower one; above
-# the last (a prefill), F.linear, though the packed form was faster there too on the AVX-512 EPYC (not planned yet).
-ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
+# Row counts timed: a decoding step or tree pass (1-12) and a batch step of many sessions' rows (16-256; a
+# replica's continuous batching, ``specdiff.models.batched``: 16 sessions' trees of 5-9 nodes are 80-144 rows). A
+# count between two timed ones follows the lower one. Above the last (a prefill), the packed form where it won at
+# the last count (a blocked matmul: on the AVX-512 EPYC 1108 against F.linear's 1175 ms at 1024 rows), else F.linear.
+ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 WIN = 0.9  # a form other than F.linear must take at most this fraction of F.linear's time
 
 
@@ -49,7 +50,7 @@ class SmallRowsLinear(torch.nn.Linear):
     packed_rows: tuple[int, ...] = ()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed_rows and takes_form(self.packed_rows, _rows(x)) and not torch.is_grad_enabled():
+        if self.packed_rows and takes_packed(self.packed_rows, _rows(x)) and not torch.is_grad_enabled():
             return packed_linear(x, self._packed_weight(), self.bias)
         return planned_linear(x, self.weight, self.bias, self.small_rows)
 
@@ -117,6 +118,11 @@ def takes_form(counts: tuple[int, ...], rows: int) -> bool:
     if not ROWS[0] <= rows <= ROWS[-1]:
         return False
     return ROWS[bisect.bisect_right(ROWS, rows) - 1] in counts
+
+
+def takes_packed(counts: tuple[int, ...], rows: int) -> bool:
+    """``takes_form`` for the packed form, which also takes every count above the last timed one if it took that."""
+    return takes_form(counts, rows) or (rows > ROWS[-1] and ROWS[-1] in counts)
 
 
 def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:

@@ -438,6 +438,7 @@ class DecodeServer:
         self.batching = batching
         self._batch_options = {"max_rows": max_batch_rows, "max_wait_s": batch_wait_s}
         self.batched = self._batched(self.verifier)
+        self.batched_drafter = self._batched_drafter(self.drafter, self.batched)
         self.pair: str | None = None
         self.costs: SpeculationCosts | None = None
         self._active = 0
@@ -450,6 +451,16 @@ class DecodeServer:
         from specdiff.models.batched import batched
 
         return batched(verifier, **self._batch_options) if self.batching else verifier
+
+    def _batched_drafter(self, drafter: Drafter, batched: Verifier) -> Drafter:
+        # a feature drafter's windows go into batch steps of their own, which fire in turn with the verifier's
+        # (the decodes alternate between them); other drafters draft one call per decode
+        from specdiff.models.batched import batched_drafter
+
+        if not self.batching:
+            return drafter
+        return batched_drafter(drafter, max_wait_s=self._batch_options["max_wait_s"],
+                               peer=getattr(batched, "batcher", None))
 
     @staticmethod
     def _check(verifier: Verifier, drafter: Drafter) -> None:
@@ -469,8 +480,10 @@ class DecodeServer:
                              f"{verifier.vocab_size}")
         self._check(verifier, drafter)
         batched = self._batched(verifier)
+        batched_drafter = self._batched_drafter(drafter, batched)
         with self._lock:
             self.verifier, self.drafter, self.batched, self.pair, self.costs = verifier, drafter, batched, label, None
+            self.batched_drafter = batched_drafter
 
     def load(self) -> int:
         """Decodes running on this replica now."""
@@ -498,13 +511,14 @@ class DecodeServer:
                max_load: int | None = None) -> Iterator[tuple[list[int], DecodeStats]]:
         """The blocking decode behind ``decode``: ``(tokens, stats snapshot)`` per round."""
         with self._lock:
-            verifier, batched, drafter = self.verifier, self.batched, self.drafter
+            verifier, batched, drafter, batched_drafter = (self.verifier, self.batched, self.drafter,
+                                                           self.batched_drafter)
             self._active += 1
         try:
             if speculative:
                 gate = None if max_load is None else (lambda session: self.load() <= max_load)
                 costs = self._costs(verifier, drafter, prompt, options.spec)
-                decoder = SpeculativeDecoder(drafter, batched, costs=costs, gate=gate)
+                decoder = SpeculativeDecoder(batched_drafter, batched, costs=costs, gate=gate)
                 stream = decoder.stream(prompt, options)
             else:  # no drafter to feed: skip the taps
                 without_taps = getattr(batched, "without_taps", None)
