@@ -328,3 +328,29 @@ def test_batchers_of_a_group_take_turns_and_fire_when_every_session_waits_in_one
     t0 = time.perf_counter()
     alone.submit("x", member=1)  # without a group the other member is waited for until the deadline
     assert time.perf_counter() - t0 > 0.25
+
+
+def test_committed_features_grow_in_place_and_match_a_fresh_prefill(lean):
+    """A session's tapped states grow in a buffer (no copy of the whole context per commit): after plain steps and
+    a tree round they are those a prefill of the same tokens computes, and a view taken earlier stays as it was."""
+    drafter = build_feature_drafter(lean, num_layers=1, seed=0)
+    verifier = HFVerifier(lean, tune_kernels=False, tap_layers=drafter.tap_layers)
+    session = verifier.start(PROMPTS[3])
+    early = session.features
+    snapshot = early.clone()
+    ptrs = []
+    for token in (5, 6, 7):
+        session.score(chain_of(session.tokens[-1], []))
+        session.commit([], token)
+        ptrs.append(session.features.data_ptr())
+    assert ptrs[1] == ptrs[2]  # the second and third commits wrote into spare rows: no copy of the context
+    tree = build_tree(session.tokens[-1], torch.tensor([[9, 10, 11], [9, 12, 13]]))
+    session.score(tree)
+    path = tree.paths[1][:2].tolist()  # accepted 9, 12 (the second candidate's path): moved next to the root
+    assert path == [1, 4]
+    session.commit(path, 14)
+    assert session.features.shape[0] == len(session.tokens) - 1
+    torch.testing.assert_close(early, snapshot, rtol=0, atol=0)
+    fresh = verifier.start(session.tokens)
+    torch.testing.assert_close(session.features, fresh.features, rtol=1e-4, atol=1e-5)
+    assert session.cached == len(session.tokens) - 1

@@ -143,7 +143,10 @@ def verify(session, draft: Draft | None, sampling: SamplingParams, spec: SpecCon
     streak, accept with ``spec.acceptance``, commit; ``draft`` None: a plain step (one token sampled from p)."""
     if draft is None:
         logp = session.score(chain(session.tokens[-1], []))  # [1, V]
-        token = int(sample(target_probs(logp[0], sampling), generator))
+        if sampling.greedy:  # what sampling the one-hot on the argmax draws, without building it over V
+            token = int(logp[0].argmax())
+        else:
+            token = int(sample(target_probs(logp[0], sampling), generator))
         session.commit([], token)
         return Outcome([token], 0, [])
     tree = build_tree(session.tokens[-1], draft.candidates)

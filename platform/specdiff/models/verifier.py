@@ -151,12 +151,33 @@ class HFVerifierSession:
             for layer in self.cache.layers:
                 layer.keys[..., base + 1 : keep, :] = layer.keys.index_select(-2, src)
                 layer.values[..., base + 1 : keep, :] = layer.values.index_select(-2, src)
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[..., :keep, :]
-            layer.values = layer.values[..., :keep, :]
+        if keep < self.cached:  # drop the rejected nodes (a plain step, or a chain kept whole, has none)
+            for layer in self.cache.layers:
+                layer.keys = layer.keys[..., :keep, :]
+                layer.values = layer.values[..., :keep, :]
         self.tokens.extend(int(self._scored.tokens[i]) for i in path)
         self.tokens.append(int(next_token))
         if self.taps:  # the root and the accepted nodes are now committed: their states join the context
-            self.features = torch.cat([self.features, self._tree_features[[0, *path]]])
+            self._append_features(self._tree_features[[0, *path]] if path else self._tree_features[:1])
             self._tree_features = None
         self._scored = None
+
+    @property
+    def features(self) -> torch.Tensor | None:
+        """Tapped states [n, taps*H] of the committed tokens but the pending one (None: no taps)."""
+        return None if self._features is None else self._features[: self._num_features]
+
+    @features.setter
+    def features(self, value: torch.Tensor | None) -> None:
+        self._features, self._num_features = value, 0 if value is None else len(value)
+
+    def _append_features(self, rows: torch.Tensor) -> None:
+        # Into spare rows of the buffer, doubling it when full: a commit copies its own rows, not the whole context
+        # (a torch.cat per step copied every earlier row: quadratic in the decode's length).
+        n, buf = self._num_features, self._features
+        if n + len(rows) > len(buf):
+            grown = buf.new_empty(max(2 * len(buf), n + len(rows), 64), buf.shape[1])
+            grown[:n] = buf[:n]
+            self._features = buf = grown
+        buf[n: n + len(rows)] = rows
+        self._num_features = n + len(rows)
