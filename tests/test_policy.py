@@ -270,3 +270,24 @@ def test_calibration_times_the_argmax_window_and_the_draws_apart(verifier_model)
     costs = calibrate(drafter, HFVerifier(verifier_model), [3, 17, 9, 41], 4, 4, repeats=3)
     assert sorted(set(drafter.ks)) == [1, 4]
     assert costs.draft_s < 0.015 and 0.01 < costs.sample_s < 0.05
+
+
+def test_probes_under_load_are_spaced_by_the_batch():
+    """A probe in a batch step of n sessions delays all n: each session then probes n times less often, so the
+    batch keeps to the probe budget; alone, as before."""
+    from specdiff.core.policy import Load
+
+    def probes(load):
+        policy = SpeculationPolicy.from_spec(SpecConfig(), COSTS)
+        choices = []
+        for _ in range(600):
+            g, k = policy.choose(load)
+            choices.append((g, k))
+            if (g, k) != PLAIN:
+                policy.observe(g, k, 0, g * k)
+        first_plain = choices.index(PLAIN)
+        return [i for i, c in enumerate(choices) if i > first_plain and c != PLAIN]
+
+    alone, busy = probes(None), probes(Load(sessions=15, rows=15, expected=15.0))
+    assert len(alone) >= 3 and 0 < len(busy) < len(alone)
+    assert busy[0] - 0 >= 16 * (alone[0] - 0) // 2  # the first probe comes about 16 times later
