@@ -340,3 +340,37 @@ def test_serves_own_cancellation_still_stops_the_work():
         return cancelled.is_set()
 
     assert asyncio.run(scenario())
+
+
+def _consume(merge, fail: bool = False, slow_s: float = 0.05):
+    """Items 0..5 made at once in a worker thread, consumed slowly; -> what the consumer got (and its error)."""
+    import time
+
+    from specdiff.serving.aio import iterate_in_thread
+
+    def produce():
+        for i in range(6):
+            yield [i]
+        if fail:
+            raise ValueError("broke after six")
+
+    async def main():
+        got = []
+        try:
+            async for item in iterate_in_thread(produce(), merge=merge):
+                got.append(item)
+                time.sleep(slow_s)  # a busy consumer (the event loop blocked a while): the rest queue up
+        except ValueError as err:
+            return got, err
+        return got, None
+
+    return asyncio.run(main())
+
+
+def test_items_that_queue_up_go_on_merged_in_order():
+    got, err = _consume(lambda a, b: a + b)
+    assert err is None and [t for item in got for t in item] == list(range(6)) and len(got) < 6
+    got, err = _consume(lambda a, b: a + b, fail=True)  # the failure comes after the merged items
+    assert isinstance(err, ValueError) and [t for item in got for t in item] == list(range(6))
+    got, _ = _consume(None)  # no merge: one item each
+    assert got == [[i] for i in range(6)]

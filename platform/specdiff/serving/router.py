@@ -242,7 +242,8 @@ class _Run:
                 self.done()
 
     def chunks(self) -> AsyncIterator[list[int]]:
-        return iterate_in_thread(self._produce(), self.router.pool)
+        # chunks that queue up while the client's stream is busy go on as one (a longer delta, the same text)
+        return iterate_in_thread(self._produce(), self.router.pool, merge=lambda a, b: a + b)
 
     def _finish_reason(self) -> str:
         return "stop" if self.stream.finish_reason == "stop" else "length"

@@ -536,5 +536,11 @@ class DecodeServer:
                      max_load: int | None = None) -> AsyncIterator[tuple[list[int], DecodeStats]]:
         """Stream a decode (``stream``) from a worker thread; a caller that goes away stops it after the round in
         progress."""
-        async for item in iterate_in_thread(self.stream(prompt, options, speculative, max_load), self._pool):
+        async for item in iterate_in_thread(self.stream(prompt, options, speculative, max_load), self._pool,
+                                            merge=_merge_rounds):
             yield item
+
+
+def _merge_rounds(a: tuple[list[int], DecodeStats], b: tuple[list[int], DecodeStats]) -> tuple[list[int], DecodeStats]:
+    """Two rounds' ``(tokens, stats snapshot)`` streamed as one: both rounds' tokens, the later snapshot."""
+    return a[0] + b[0], b[1]
