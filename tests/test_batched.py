@@ -354,3 +354,18 @@ def test_committed_features_grow_in_place_and_match_a_fresh_prefill(lean):
     fresh = verifier.start(session.tokens)
     torch.testing.assert_close(session.features, fresh.features, rtol=1e-4, atol=1e-5)
     assert session.cached == len(session.tokens) - 1
+
+
+def test_a_decode_never_started_holds_no_place_in_the_drafter_steps(lean):
+    """A stream dropped before its first round (a client gone at once) never joined the drafter's batch steps."""
+    from specdiff.models.batched import BatchedDrafter
+
+    drafter = build_feature_drafter(lean, num_layers=1, seed=0)
+    verifier = HFVerifier(lean, tune_kernels=False, tap_layers=drafter.tap_layers)
+    batched = BatchedDrafter(drafter)
+    decoder = SpeculativeDecoder(batched, BatchedVerifier(verifier))
+    stream = decoder.stream(PROMPTS[0], max_new_tokens=4, spec=SpecConfig(gamma=2, num_candidates=1))
+    stream.close()
+    assert batched.batcher.members == 0
+    out = decoder.generate(PROMPTS[1], max_new_tokens=4, spec=SpecConfig(gamma=2, num_candidates=1))
+    assert len(out.tokens) == 4 and batched.batcher.members == 0

@@ -210,14 +210,6 @@ def _decode_loop(
             close()
 
 
-def _closing(loop: Iterator[list[int]], close: Callable[[], None]) -> Iterator[list[int]]:
-    """``loop``, then ``close()`` however it ends (the decode's drafter view leaves its batch steps)."""
-    try:
-        yield from loop
-    finally:
-        close()
-
-
 class SpeculativeDecoder:
     """Speculative decoding with a diffusion drafter and self-selection; output distributed exactly as the verifier's.
 
@@ -306,8 +298,9 @@ class SpeculativeDecoder:
         base = R.draw_base_seed(gen)  # every round's streams derive from it (specdiff.core.rounds)
 
         runs: _Runs | None = None
-        # A drafter with per-decode state (a feature drafter's context cache) opens a view of its own for this decode.
-        opened = self.drafter.open() if hasattr(self.drafter, "open") else None
+        # A drafter with per-decode state (a feature drafter's context cache) opens a view of its own for this decode,
+        # when the decode starts; it is closed when the decode ends (a batched view then leaves its batch steps).
+        opened = None
 
         def step(session: VerifierSession, room: int) -> list[int]:
             nonlocal policy, runs
@@ -346,8 +339,17 @@ class SpeculativeDecoder:
                                streak_probs=out.streak_probs, lookup=looked_up)
             return tokens
 
-        loop = _decode_loop(self.verifier, prompt, stopper, stats, step)
-        return loop if opened is None or not hasattr(opened, "close") else _closing(loop, opened.close)
+        def decode() -> Iterator[list[int]]:
+            nonlocal opened
+            opened = self.drafter.open() if hasattr(self.drafter, "open") else None
+            try:
+                yield from _decode_loop(self.verifier, prompt, stopper, stats, step)
+            finally:
+                close = getattr(opened, "close", None)
+                if close is not None:
+                    close()
+
+        return decode()
 
     def _costs(self, spec: SpecConfig, prompt: list[int], stats: DecodeStats) -> SpeculationCosts:
         """The cost model: given, kept from an earlier process (``costs_cache``), or measured once (on a throwaway
