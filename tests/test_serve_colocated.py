@@ -216,3 +216,27 @@ def test_client_leaving_stops_the_decode_on_the_replica(app, serve_cluster):
     while decoder.load.remote().result(timeout_s=30) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert decoder.load.remote().result(timeout_s=30) == 0
+
+
+def test_decoder_replica_keeps_its_cost_model_for_the_next_replica(tmp_path, monkeypatch):
+    """The first adaptive decode measures the cost model once and keeps it in ``costs_cache``; a later replica on
+    the same machine and models reads it instead of measuring while requests wait."""
+    from specdiff import DecodeOptions, HFVerifier
+    from specdiff.core import policy
+    from specdiff.serving.servers import DecodeServer
+    from test_llama import save_tiny
+    from specdiff.models.llama import load_llama
+    from specdiff.models.feature_drafter import build_feature_drafter
+
+    lean = load_llama(save_tiny(tmp_path / "tiny"))
+    drafter = build_feature_drafter(lean, num_layers=1, seed=0)
+    verifier = HFVerifier(lean, tune_kernels=False, tap_layers=drafter.tap_layers)
+    measured = []
+    real = policy.calibrate
+    monkeypatch.setattr(policy, "calibrate", lambda *a, **k: measured.append(1) or real(*a, **k))
+    options = DecodeOptions(max_new_tokens=4, seed=0)
+    first = DecodeServer((verifier, drafter), costs_cache=tmp_path / "costs")
+    list(first.stream([5, 9, 2, 7], options))
+    second = DecodeServer((verifier, drafter), costs_cache=tmp_path / "costs")
+    list(second.stream([5, 9, 2, 7], options))
+    assert len(measured) == 1 and second.costs == first.costs and list((tmp_path / "costs").iterdir())

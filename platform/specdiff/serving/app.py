@@ -35,7 +35,7 @@ except ModuleNotFoundError as err:
 
 from specdiff.serving.config import AppConfig, DrafterOptions, ModelSource, RouterOptions, VerifierOptions
 from specdiff.serving.metrics import ServeMetrics
-from specdiff.models.sources import DEFAULT_VERIFIER, resolve_model_path
+from specdiff.models.sources import DEFAULT_VERIFIER, resolve_model_path, state_dir
 from specdiff.serving.models import (check_pair, feature_drafter_config, load_drafter, load_pair, load_verifier, pair_label,
                      resolve_default, resolve_pair)
 from specdiff.serving.protocol import ApiError
@@ -145,7 +145,7 @@ class DecodeDeployment(_FollowsPair, DecodeServer):
         resolved, label = resolve_pair(models)
         super().__init__(functools.partial(load_pair, resolved), max_decodes=options.max_ongoing_requests,
                          batching=options.batching, max_batch_rows=options.max_batch_rows,
-                         batch_wait_s=options.batch_wait_ms / 1000)
+                         batch_wait_s=options.batch_wait_ms / 1000, costs_cache=state_dir() / "costs")
         self._follow(models, label, load_pair)
 
 
