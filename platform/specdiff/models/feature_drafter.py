@@ -299,21 +299,10 @@ class FeatureDrafter:
         state = state if state is not None else self
         with state._lock:
             n = self._check_features(prefix, feats)
-            keep = _common_length(state._tokens, prefix[:n]) if state._kv is not None else 0
+            keep = _kept(state, prefix, n)
             new = feats[keep:n]
-            if keep == 0:
-                state._kv = None
-            if len(new):
-                positions = torch.arange(keep, n)[None]
-                kv = self.model.context(new[None], positions)
-                if state._kv is None:
-                    state._kv = kv
-                else:
-                    state._kv = [(torch.cat([k0[:, :, :keep], k1], 2), torch.cat([v0[:, :, :keep], v1], 2))
-                                 for (k0, v0), (k1, v1) in zip(state._kv, kv)]
-            elif state._kv is not None:
-                state._kv = [(k[:, :, :keep], v[:, :, :keep]) for k, v in state._kv]
-            state._tokens = prefix[:n]
+            kv = self.model.context(new[None], torch.arange(keep, n)[None]) if len(new) else None
+            _store_context(state, prefix, keep, n, kv)
             return self.window(prefix[-1], len(prefix) - 1, gamma, state._kv)
 
     @torch.no_grad()
@@ -334,7 +323,7 @@ class FeatureDrafter:
         news = []
         for state, prefix, _, feats in calls:
             n = self._check_features(prefix, feats)
-            keep = _common_length(state._tokens, prefix[:n]) if state._kv is not None else 0
+            keep = _kept(state, prefix, n)
             news.append((keep, n, feats[keep:n]))
         fresh = [(keep, n, f) for keep, n, f in news if len(f)]
         if fresh:  # every call's new context rows in one projection
@@ -342,16 +331,11 @@ class FeatureDrafter:
             projected = m.context(torch.cat([f for *_, f in fresh])[None], positions)
         offset = 0
         for (state, prefix, _, _), (keep, n, f) in zip(calls, news):
-            old = state._kv if keep else None
+            kv = None
             if len(f):
                 kv = [(k[:, :, offset:offset + len(f)], v[:, :, offset:offset + len(f)]) for k, v in projected]
                 offset += len(f)
-                state._kv = kv if old is None else [(torch.cat([k0[:, :, :keep], k1], 2),
-                                                     torch.cat([v0[:, :, :keep], v1], 2))
-                                                    for (k0, v0), (k1, v1) in zip(old, kv)]
-            else:
-                state._kv = None if old is None else [(k[:, :, :keep], v[:, :, :keep]) for k, v in old]
-            state._tokens = prefix[:n]
+            _store_context(state, prefix, keep, n, kv)
         # The windows: [anchor, MASK x gamma] at positions start .. start + gamma, as ``window``, padded to the
         # longest window; each row attends to its own context and its own window only.
         gammas = [gamma for _, _, gamma, _ in calls]
@@ -505,8 +489,22 @@ class FeatureDraftSession:
         if len(prefix) == 0:
             raise ValueError("prefix must contain at least one token, got an empty prefix")
 
-    def close(self) -> None:
-        """The decode is over (the engine calls it); a batched view leaves its batch steps here."""
+
+def _kept(state, prefix: list[int], n: int) -> int:
+    """Rows of ``state``'s context cache (a drafter or one of its sessions) still valid for ``prefix[:n]``."""
+    return _common_length(state._tokens, prefix[:n]) if state._kv is not None else 0
+
+
+def _store_context(state, prefix: list[int], keep: int, n: int, kv) -> None:
+    """``state``'s context cache for ``prefix[:n]``: its first ``keep`` rows, then ``kv`` (the projected rows
+    keep .. n-1, per layer keys/values [1, kv, n - keep, D]; None: no new rows)."""
+    old = state._kv if keep else None
+    if kv is None:
+        state._kv = None if old is None else [(k[:, :, :keep], v[:, :, :keep]) for k, v in old]
+    else:
+        state._kv = kv if old is None else [(torch.cat([k0[:, :, :keep], k1], 2), torch.cat([v0[:, :, :keep], v1], 2))
+                                            for (k0, v0), (k1, v1) in zip(old, kv)]
+    state._tokens = prefix[:n]
 
 
 def _common_length(a: Sequence[int], b: Sequence[int]) -> int:

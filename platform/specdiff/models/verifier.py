@@ -158,7 +158,7 @@ class HFVerifierSession:
         self.tokens.extend(int(self._scored.tokens[i]) for i in path)
         self.tokens.append(int(next_token))
         if self.taps:  # the root and the accepted nodes are now committed: their states join the context
-            self._append_features(self._tree_features[[0, *path]] if path else self._tree_features[:1])
+            self._append_features(self._tree_features[[0, *path]])
             self._tree_features = None
         self._scored = None
 
