@@ -16,7 +16,7 @@ from ray import exceptions as ray_errors
 from serve_helpers import BASE, DEMO, MODEL, LocalReference, run_app
 from specdiff import DecodeOptions, SamplingParams, SpecConfig, SpeculativeDecoder
 from specdiff.serving.remote import remote_decode
-from specdiff.serving.servers import DecodeServer
+from specdiff.serving.servers import DecodeServer, _merge_rounds
 
 FIXED = SpecConfig(gamma=6, num_candidates=3)
 
@@ -153,6 +153,54 @@ def test_remote_decode_applies_stop_strings_here_and_cancels_the_replica(ref, se
     assert handle.last.cancelled
 
 
+class _MergingHandle(StreamHandle):
+    """Streams the replica's rounds two at a time, as its stream does when the reader falls behind (merged)."""
+
+    @property
+    def decode(self):
+        handle = self
+
+        class _Method:
+            def remote(self, prompt, options, speculative, max_load):
+                items = handle.server.stream(prompt, options, speculative, max_load)
+                merged = _pairs(items)
+                handle.last = _Stream(merged)
+                return handle.last
+
+        return _Method()
+
+
+def _pairs(items):
+    try:
+        for first in items:
+            second = next(items, None)
+            yield first if second is None else _merge_rounds(first, second)
+    finally:
+        items.close()
+
+
+def test_router_histogram_counts_every_verifier_call_of_merged_rounds(ref, server):
+    """The router's acceptance-length metric sees one value per verifier call, also where the replica's rounds
+    arrive merged (two calls in one item): the same values as the decode's own per-call counts."""
+    from types import SimpleNamespace
+
+    from specdiff.serving.router import _Run
+
+    seen = []
+    metrics = SimpleNamespace(acceptance_length=seen.append)
+    prompt = _ids(ref, "Once upon a time")
+    options = _options(ref, sampling=SamplingParams(temperature=0.0), max_new_tokens=48)
+    stream = remote_decode(_MergingHandle(server), prompt, options)
+    router = SimpleNamespace(metrics=metrics, _decode=ref.decode)
+    run = _Run(router, stream, SimpleNamespace(stop_strings=()), prompt, False, True)
+    chunks = list(run._produce())
+    stats = stream.stats
+    assert len(chunks) < stats.verifier_calls  # the rounds did arrive merged
+    assert len(seen) == stats.verifier_calls and sum(seen) == stats.emitted
+    assert sorted(seen) == sorted(n for n, c in enumerate(stats.calls_by_emitted) for _ in range(c))
+    assert max(seen) > 1  # speculation accepted something: the values are not all plain steps
+
+
 # -- the Serve app ------------------------------------------------------------------------------------------------
 
 
@@ -223,7 +271,7 @@ def test_decoder_replica_keeps_its_cost_model_for_the_next_replica(tmp_path, mon
     the same machine and models reads it instead of measuring while requests wait."""
     from specdiff import DecodeOptions, HFVerifier
     from specdiff.core import policy
-    from specdiff.serving.servers import DecodeServer
+    from specdiff.serving.servers import DecodeServer, _merge_rounds
     from test_llama import save_tiny
     from specdiff.models.llama import load_llama
     from specdiff.models.feature_drafter import build_feature_drafter

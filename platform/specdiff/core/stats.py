@@ -23,6 +23,7 @@ class DecodeStats:
     gated_plain_steps: int = 0  # verifier-only steps taken while the decoder's gate held speculation off (load)
     rounds_by_gamma: list[int] = field(default_factory=list)  # [gamma+1]: speculative rounds run with window g
     rounds_by_k: list[int] = field(default_factory=list)  # [K+1]: speculative rounds run with K candidates
+    calls_by_emitted: list[int] = field(default_factory=list)  # [n]: verifier calls that emitted n tokens
     drafter_s: float = 0.0
     verifier_s: float = 0.0
     prefill_s: float = 0.0
@@ -57,6 +58,7 @@ class DecodeStats:
         self.drafted += gamma
         self.accepted += num_accepted
         self.emitted += num_accepted + 1
+        _bump(self.calls_by_emitted, num_accepted + 1)
         self.candidates += candidates
         self.tree_nodes += tree_nodes
 
@@ -73,6 +75,7 @@ class DecodeStats:
     def record_plain_step(self) -> None:
         self.verifier_calls += 1
         self.emitted += 1
+        _bump(self.calls_by_emitted, 1)
 
     def merge(self, other: DecodeStats) -> DecodeStats:
         """Sum of two stats (for aggregating over prompts)."""

@@ -227,14 +227,14 @@ class _Run:
 
     def _produce(self):
         """The decode's chunks (blocking; runs in a worker thread), with the per-round metrics."""
-        stats, prev, metrics = self.stream.stats, (0, 0, 0), self.router.metrics
+        stats, seen, metrics = self.stream.stats, [], self.router.metrics
         try:
             for chunk in self.stream:
-                if self.speculative:  # one chunk per verifier call: its acceptance length
-                    now = (stats.verifier_calls, stats.emitted, stats.accepted)
-                    if now[0] - prev[0] == 1:
-                        metrics.acceptance_length(now[1] - prev[1])
-                    prev = now
+                if self.speculative:  # every verifier call since the last chunk (merged rounds hold several)
+                    for emitted, count in enumerate(stats.calls_by_emitted):
+                        for _ in range(count - (seen[emitted] if emitted < len(seen) else 0)):
+                            metrics.acceptance_length(emitted)
+                    seen = list(stats.calls_by_emitted)
                 yield chunk
         finally:
             self.stream.close()
