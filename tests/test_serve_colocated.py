@@ -288,3 +288,30 @@ def test_decoder_replica_keeps_its_cost_model_for_the_next_replica(tmp_path, mon
     second = DecodeServer((verifier, drafter), costs_cache=tmp_path / "costs")
     list(second.stream([5, 9, 2, 7], options))
     assert len(measured) == 1 and second.costs == first.costs and list((tmp_path / "costs").iterdir())
+
+
+def test_decoder_replica_measures_its_cost_model_before_traffic(tmp_path, monkeypatch):
+    """``warm_costs`` (the Serve replica calls it at start) measures and keeps the cost model, so the first adaptive
+    decode does not measure; the app passes the router's adaptive bounds, and none where γ and K are fixed."""
+    from specdiff import DecodeOptions, HFVerifier
+    from specdiff.core import policy
+    from specdiff.serving.app import _adaptive_bounds
+    from specdiff.serving.config import RouterOptions
+    from test_llama import save_tiny
+    from specdiff.models.llama import load_llama
+    from specdiff.models.feature_drafter import build_feature_drafter
+
+    lean = load_llama(save_tiny(tmp_path / "tiny"))
+    drafter = build_feature_drafter(lean, num_layers=1, seed=0)
+    verifier = HFVerifier(lean, tune_kernels=False, tap_layers=drafter.tap_layers)
+    measured = []
+    real = policy.calibrate
+    monkeypatch.setattr(policy, "calibrate", lambda *a, **k: measured.append(a[3:5]) or real(*a, **k))
+    server = DecodeServer((verifier, drafter), costs_cache=tmp_path / "costs")
+    bounds = _adaptive_bounds(RouterOptions())
+    costs = server.warm_costs(*bounds)
+    assert measured == [bounds] and server.costs is costs and list((tmp_path / "costs").iterdir())
+    list(server.stream([5, 9, 2, 7], DecodeOptions(max_new_tokens=4, seed=0)))
+    assert len(measured) == 1 and server.costs is costs
+    assert _adaptive_bounds(RouterOptions(gamma=4, num_candidates=1)) is None
+    assert _adaptive_bounds(RouterOptions(adaptive_max_gamma=6, max_candidates=2)) == (6, 2)

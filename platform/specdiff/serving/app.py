@@ -138,15 +138,28 @@ class VerifierDeployment(_FollowsPair, VerifierServer):
         self._follow(models, label, load_verifier)
 
 
+def _adaptive_bounds(options: RouterOptions) -> tuple[int, int] | None:
+    """(max γ, max K) of the router's adaptive decodes, as ``OpenAIRouter._configs`` bounds them; None where the
+    router's defaults fix both γ and K (no cost model needed)."""
+    if options.gamma is not None and options.num_candidates is not None:
+        return None
+    return (min(options.adaptive_max_gamma, options.max_gamma),
+            min(options.adaptive_max_candidates, options.max_candidates))
+
+
 class DecodeDeployment(_FollowsPair, DecodeServer):
     """``colocate=true``: the verifier's pool options, both models, whole decodes (``DecodeServer.decode``)."""
 
-    def __init__(self, models: ModelSource, options: VerifierOptions):
+    def __init__(self, models: ModelSource, options: VerifierOptions, adaptive: tuple[int, int] | None = None):
         resolved, label = resolve_pair(models)
         super().__init__(functools.partial(load_pair, resolved), max_decodes=options.max_ongoing_requests,
                          batching=options.batching, max_batch_rows=options.max_batch_rows,
                          batch_wait_s=options.batch_wait_ms / 1000, costs_cache=state_dir() / "costs")
         self._follow(models, label, load_pair)
+        if adaptive is not None:  # the cost model before the first request: (the router's max γ, max K)
+            start = time.perf_counter()
+            self.warm_costs(*adaptive)
+            logger.info("cost model ready in %.1f s (%s)", time.perf_counter() - start, state_dir() / "costs")
 
 
 async def _client_left(request: Request) -> None:
@@ -245,7 +258,7 @@ def build_app(args: Optional[Union[Dict[str, Any], AppConfig]] = None) -> serve.
         decoder = serve.deployment(
             DecodeDeployment, name="Decoder", **follow,
             **cfg.verifier.deployment_options(cfg.verifier_pool if cfg.pools else None),
-        ).bind(cfg.models, cfg.verifier)
+        ).bind(cfg.models, cfg.verifier, _adaptive_bounds(cfg.router))
         return router.bind(None, decoder, cfg.models, cfg.router)
     drafter = serve.deployment(
         DrafterDeployment,

@@ -427,7 +427,8 @@ class DecodeServer:
     serving 16 requests pays about one pass per step instead of 16. Each decode's adaptive policy then weighs its
     choice against the step it joins (``load_view``): a tree's extra rows cost every session of a full step, so under
     load the policy takes plain steps or small trees, alone it speculates as before. The cost model is measured once
-    per replica on the unbatched verifier, before the replica's first adaptive decode, and kept in ``costs_cache``
+    per replica on the unbatched verifier (``warm_costs``: the Serve app's replica does it at start, before it takes
+    traffic; else before the replica's first adaptive decode), and kept in ``costs_cache``
     (a folder; the Serve app's: ``$SPECDIFF_HOME/costs``) for later replicas on the same machine and models: measuring
     held every other decode of a busy replica for about 1.7 s (AVX-512 EPYC, 16 requests at once).
     ``max_load``: speculate only while at most that many decodes run on this replica (the router's
@@ -510,6 +511,16 @@ class DecodeServer:
                 if self.verifier is verifier:
                     self.costs = costs
             return costs
+
+    def warm_costs(self, max_gamma: int, max_candidates: int, context_tokens: int = 128) -> SpeculationCosts:
+        """The cost model for adaptive decodes within ``max_gamma`` / ``max_candidates`` (the router's bounds), read
+        from ``costs_cache`` or measured now on a synthetic prompt of ``context_tokens`` ids: a replica that calls
+        this before it takes traffic does not make its first adaptive request, and every decode in flight beside
+        it, wait for the measurement."""
+        vocab = self.verifier.vocab_size
+        ids = torch.randint(0, vocab, (context_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+        spec = SpecConfig(max_gamma=max_gamma, max_candidates=max_candidates)
+        return self._costs(self.verifier, self.drafter, ids, spec)
 
     def stream(self, prompt: Sequence[int], options: DecodeOptions, speculative: bool = True,
                max_load: int | None = None) -> Iterator[tuple[list[int], DecodeStats]]:
