@@ -315,3 +315,48 @@ def test_decoder_replica_measures_its_cost_model_before_traffic(tmp_path, monkey
     assert len(measured) == 1 and server.costs is costs
     assert _adaptive_bounds(RouterOptions(gamma=4, num_candidates=1)) is None
     assert _adaptive_bounds(RouterOptions(adaptive_max_gamma=6, max_candidates=2)) == (6, 2)
+
+
+def test_decoder_replica_admits_decodes_within_its_kv_budget(ref):
+    """With ``kv_budget_mb``, a decode waits until its room (prompt + max_tokens + tree) fits beside the decodes
+    running, and one that could never fit is refused with a 503 naming the limit; the router refuses it up front."""
+    from specdiff.serving.protocol import ApiError
+    from specdiff.serving.wire import room_error, room_needed
+
+    options = _options(ref, sampling=SamplingParams(temperature=0.0), max_new_tokens=24)
+    prompt = _ids(ref, "Once upon a time")
+    probe = DecodeServer((ref.verifier, ref.drafter), kv_budget_mb=1)
+    need = room_needed(len(prompt), options, True)
+    assert need == len(prompt) + 24 + 6 * 3 + 1 and probe.token_bytes > 0
+    mb = 1.5 * need * probe.token_bytes / 2**20  # room for one such decode, not two
+    server = DecodeServer((ref.verifier, ref.drafter), kv_budget_mb=mb)
+    assert server.info()["kv_budget_tokens"] == server.budget_tokens and need <= server.budget_tokens < 2 * need
+    events = []
+
+    async def one(name):
+        async for tokens, _ in server.decode(prompt, options):
+            events.append(name)
+        events.append(name + " done")
+
+    async def both():
+        await asyncio.gather(one("a"), one("b"))
+
+    asyncio.run(both())
+    a_done = events.index("a done")
+    assert "b" not in events[:a_done] and events.count("b") > 1  # b waited for a's room, then decoded in full
+    assert server._reserved == 0
+
+    big = _options(ref, sampling=SamplingParams(temperature=0.0), max_new_tokens=2 * server.budget_tokens)
+
+    async def refused():
+        async for _ in server.decode(prompt, big):
+            pass
+
+    with pytest.raises(ApiError, match="kv_cache_budget_mb") as err:
+        asyncio.run(refused())
+    assert err.value.status == 503
+    info = server.info()
+    message = room_error(room_needed(len(prompt), big, True), info["kv_budget_tokens"], info["kv_budget_mb"],
+                         info["token_bytes"])
+    assert message is not None and "holds at most" in message
+    assert room_error(need, info["kv_budget_tokens"], info["kv_budget_mb"], info["token_bytes"]) is None

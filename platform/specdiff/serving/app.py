@@ -154,7 +154,8 @@ class DecodeDeployment(_FollowsPair, DecodeServer):
         resolved, label = resolve_pair(models)
         super().__init__(functools.partial(load_pair, resolved), max_decodes=options.max_ongoing_requests,
                          batching=options.batching, max_batch_rows=options.max_batch_rows,
-                         batch_wait_s=options.batch_wait_ms / 1000, costs_cache=state_dir() / "costs")
+                         batch_wait_s=options.batch_wait_ms / 1000, costs_cache=state_dir() / "costs",
+                         kv_budget_mb=options.kv_cache_budget_mb)
         self._follow(models, label, load_pair)
         if adaptive is not None:  # the cost model before the first request: (the router's max γ, max K)
             start = time.perf_counter()

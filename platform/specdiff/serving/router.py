@@ -29,6 +29,7 @@ from specdiff.serving.models import load_tokenizer, stop_token_ids
 from specdiff.serving.protocol import ApiError, ChatRequest, CompletionRequest, parse, value_error
 from specdiff.serving.aio import iterate_in_thread
 from specdiff.serving.remote import RemoteDrafter, RemoteVerifier, remote_decode
+from specdiff.serving.wire import room_error, room_needed
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +166,10 @@ class OpenAIRouter:
                                 stop_token_ids=stop_token_ids(self.tokenizer, chat), stop_strings=req.stop_strings,
                                 seed=req.seed)
         if info.get("colocated"):
+            message = room_error(room_needed(len(prompt_ids), options, spec is not None), info.get("kv_budget_tokens"),
+                                 info.get("kv_budget_mb"), info.get("token_bytes"))
+            if message is not None:  # refused before a stream starts: a plain HTTP error, not one in-band
+                raise ApiError(message, param="max_tokens", status=503, kind="server_error")
             stream = remote_decode(self.verifier_handle, prompt_ids, options, speculative=spec is not None,
                                    max_load=self._max_load(req), decode=self._decode,
                                    retries=self.options.verifier_retries, metrics=self.metrics)

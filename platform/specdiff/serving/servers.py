@@ -45,7 +45,8 @@ from specdiff.core.stats import DecodeStats
 from specdiff.core.tree import TokenTree
 from specdiff.models.verifier import HFVerifierSession, Verifier
 from specdiff.serving.aio import iterate_in_thread
-from specdiff.serving.wire import FeatureRows, NeedFeatures, NeedTokens, TokenSync, token_digest
+from specdiff.serving.wire import (FeatureRows, NeedFeatures, NeedTokens, TokenSync, room_error, room_needed,
+                                   token_digest)
 
 
 def _build(obj, kind):
@@ -436,9 +437,13 @@ class DecodeServer:
 
     def __init__(self, pair: tuple[Verifier, Drafter] | Callable[[], tuple[Verifier, Drafter]], *,
                  max_decodes: int = 256, batching: bool = True, max_batch_rows: int = 4096,
-                 batch_wait_s: float = 0.003, costs_cache: Path | None = None):
+                 batch_wait_s: float = 0.003, costs_cache: Path | None = None, kv_budget_mb: float | None = None):
         self.verifier, self.drafter = pair if isinstance(pair, tuple) else pair()
         self._check(self.verifier, self.drafter)
+        self.kv_budget_mb = kv_budget_mb
+        self.token_bytes = _token_bytes(self.verifier) if kv_budget_mb is not None else None
+        self._reserved = 0  # tokens of room held by the decodes admitted (``decode``)
+        self._room: tuple | None = None  # (event loop, asyncio.Condition): made at the replica's first decode
         self.batching = batching
         self._batch_options = {"max_rows": max_batch_rows, "max_wait_s": batch_wait_s}
         self.batched = self._batched(self.verifier)
@@ -474,7 +479,41 @@ class DecodeServer:
     def info(self) -> dict:
         return {"vocab_size": self.verifier.vocab_size, "max_context": self.verifier.max_context, "pair": self.pair,
                 "tap_layers": getattr(self.verifier, "tap_layers", None), "colocated": True,
-                "batching": self.batched is not self.verifier}
+                "batching": self.batched is not self.verifier, "kv_budget_tokens": self.budget_tokens,
+                "kv_budget_mb": self.kv_budget_mb, "token_bytes": self.token_bytes}
+
+    @property
+    def budget_tokens(self) -> int | None:
+        """Tokens of KV cache (and kept features) the decodes on this replica may hold at once; None: no limit."""
+        if self.kv_budget_mb is None:
+            return None
+        return int(self.kv_budget_mb * 2**20 // max(1, self.token_bytes))
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, need: int):
+        """Hold ``need`` tokens of the budget while the decode runs; wait while the decodes admitted hold too
+        much for it (the request waits, as a full replica's do; a client that leaves stops waiting)."""
+        if self.budget_tokens is None:
+            yield
+            return
+        message = room_error(need, self.budget_tokens, self.kv_budget_mb, self.token_bytes)
+        if message is not None:
+            from specdiff.serving.protocol import ApiError
+
+            raise ApiError(message, param="max_tokens", status=503, kind="server_error")
+        loop = asyncio.get_running_loop()
+        if self._room is None or self._room[0] is not loop:  # Serve runs every decode on one loop; tests may not
+            self._room = (loop, asyncio.Condition())
+        room = self._room[1]
+        async with room:
+            await room.wait_for(lambda: self._reserved + need <= self.budget_tokens)
+            self._reserved += need
+        try:
+            yield
+        finally:
+            async with room:
+                self._reserved -= need
+                room.notify_all()
 
     def swap(self, pair: tuple[Verifier, Drafter], label: str | None = None) -> None:
         """Decode with a promoted pair from the next request on (decodes in flight finish on the old one); the
@@ -486,9 +525,10 @@ class DecodeServer:
         self._check(verifier, drafter)
         batched = self._batched(verifier)
         batched_drafter = self._batched_drafter(drafter, batched)
+        token_bytes = _token_bytes(verifier) if self.kv_budget_mb is not None else None
         with self._lock:
             self.verifier, self.drafter, self.batched, self.pair, self.costs = verifier, drafter, batched, label, None
-            self.batched_drafter = batched_drafter
+            self.batched_drafter, self.token_bytes = batched_drafter, token_bytes
 
     def load(self) -> int:
         """Decodes running on this replica now."""
@@ -550,10 +590,23 @@ class DecodeServer:
     async def decode(self, prompt: list[int], options: DecodeOptions, speculative: bool = True,
                      max_load: int | None = None) -> AsyncIterator[tuple[list[int], DecodeStats]]:
         """Stream a decode (``stream``) from a worker thread; a caller that goes away stops it after the round in
-        progress."""
-        async for item in iterate_in_thread(self.stream(prompt, options, speculative, max_load), self._pool,
-                                            merge=_merge_rounds):
-            yield item
+        progress. With ``kv_budget_mb``, the decode first waits for its room in the budget (``wire.room_needed``); one
+        that could never fit is refused (503, naming the limit)."""
+        async with self._admitted(room_needed(len(prompt), options, speculative)):
+            async for item in iterate_in_thread(self.stream(prompt, options, speculative, max_load), self._pool,
+                                                merge=_merge_rounds):
+                yield item
+
+
+def _token_bytes(verifier: Verifier, probe: int = 16) -> int:
+    """Bytes of KV cache (and kept features) a session holds per token, measured on a throwaway session."""
+    session = verifier.start([int(t) % verifier.vocab_size for t in range(1, probe + 1)])
+    try:
+        return max(1, -(-_cache_bytes(session) // probe))
+    finally:
+        close = getattr(session, "close", None)
+        if close is not None:
+            close()
 
 
 def _merge_rounds(a: tuple[list[int], DecodeStats], b: tuple[list[int], DecodeStats]) -> tuple[list[int], DecodeStats]:

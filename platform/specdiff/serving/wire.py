@@ -90,3 +90,20 @@ class TokenSync:
 class NeedTokens:
     """A verifier replica's answer when it does not hold the session at the router's state (new, restarted,
     evicted, or a retried call that already advanced it): send the full tokens."""
+
+
+def room_needed(prompt_tokens: int, options, speculative: bool) -> int:
+    """Tokens of cache a decode may hold (``options``: its ``DecodeOptions``): its prompt, every token it may emit
+    and, speculating, the largest tree it may score before a commit drops the rejected nodes."""
+    spec = options.spec
+    tree = (spec.gamma or spec.max_gamma) * (spec.num_candidates or spec.max_candidates) if speculative else 0
+    return prompt_tokens + options.max_new_tokens + tree + 1
+
+
+def room_error(need: int, budget_tokens: int | None, budget_mb: float | None, token_bytes: int | None) -> str | None:
+    """Why a decode needing ``need`` tokens of room can never run on a Decoder replica (None: it can)."""
+    if budget_tokens is None or need <= budget_tokens:
+        return None
+    return (f"this request needs room for {need} tokens of KV cache (prompt, max_tokens and the speculation tree); "
+            f"a Decoder replica holds at most {budget_tokens} tokens (verifier.kv_cache_budget_mb={budget_mb:g}, "
+            f"{token_bytes} bytes a token)")
