@@ -234,6 +234,13 @@ class BatchedVerifier:
         model = verifier.hf.model
         self._ragged = getattr(model, "forward_ragged", None)
         self.batched = self._ragged is not None  # else the step's passes run one by one
+        # The sessions' KV caches in one pool (``specdiff.models.kvpool``): a step attends for them in a few calls.
+        # Not per call: a split replica's sessions idle in an LRU between calls, and would hold slots of the longest.
+        self.pool = None
+        if self.batched and not per_call and hasattr(model, "config"):
+            from specdiff.models.kvpool import KVPool
+
+            self.pool = KVPool(int(model.config.num_hidden_layers))
         self.batcher = batcher or StepBatcher(self._run, rollback=self._rollback, **batcher_options)
 
     @property
@@ -243,7 +250,9 @@ class BatchedVerifier:
     def without_taps(self) -> BatchedVerifier:
         if self.tap_layers is None:
             return self
-        return BatchedVerifier(self.verifier.without_taps(), batcher=self.batcher, per_call=self.per_call)
+        view = BatchedVerifier(self.verifier.without_taps(), batcher=self.batcher, per_call=self.per_call)
+        view.pool = self.pool  # one pool for every session of the batch steps
+        return view
 
     def start(self, prompt: Sequence[int]) -> BatchedSession:
         return BatchedSession(self, check_prompt(prompt, self.max_context, self.vocab_size))
@@ -276,6 +285,9 @@ class BatchedSession(HFVerifierSession):
 
     def __init__(self, owner: BatchedVerifier, prompt: list[int]):
         super().__init__(owner.verifier, prompt, prefill=False)
+        if owner.pool is not None:
+            self.cache = owner.pool.cache()
+        self.pool = owner.pool
         self.batcher = owner.batcher
         self.member = None if owner.per_call else self.batcher.join()
         self.expected = 1.0  # the tokens this session's next pass is expected to emit (the adaptive policy sets it)
@@ -296,6 +308,12 @@ class BatchedSession(HFVerifierSession):
                                                expected=self.expected)
         return self.scored(tree, logits, features)
 
+    def commit(self, path, next_token: int) -> None:
+        if self.pool is None:
+            return super().commit(path, next_token)
+        with self.pool.lock:  # its writes must not race a step that grows (moves) the pool's buffers
+            return super().commit(path, next_token)
+
     def batch_load(self) -> Load:
         """The other sessions' share of the next step (``SpeculationPolicy.rates``)."""
         return Load(*self.batcher.others(self.member))
@@ -304,6 +322,8 @@ class BatchedSession(HFVerifierSession):
         if self.member is not None:
             self.batcher.leave(self.member)
             self.member = None
+        if self.pool is not None:  # the decode is over: its slot goes to the next session
+            self.cache.release()
 
 
 def batched(verifier, *, per_call: bool = False, **batcher_options):

@@ -230,21 +230,49 @@ class Attention(nn.Module):
         out = attend(q, k, v, mask, self.scaling)
         return self.o_proj(out.transpose(1, 2).reshape(batch, rows, self.num_heads * self.head_dim))
 
-    def forward_ragged(self, x, cos, sin, spans, masks, caches) -> torch.Tensor:
+    def forward_ragged(self, x, cos, sin, spans, masks, caches, plan=None) -> torch.Tensor:
         """Several sequences' rows in one [1, R, H] block (``spans``: each one's (start, end) rows): the projections
-        run once over all rows, attention per sequence against its own cache and mask."""
+        run once over all rows, attention per sequence against its own cache and mask -- or, with a ``plan``
+        (caches in one ``KVPool``), per group of sequences in one call over the pool (``_attend_planned``)."""
         _, rows, _ = x.shape
         q = self.q_proj(x).view(1, rows, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(1, rows, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(1, rows, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
+        if plan is not None:
+            out = self._attend_planned(q, k, v, plan)  # [R, H, D]
+            return self.o_proj(out.reshape(1, rows, self.num_heads * self.head_dim))
         outs = []
         for (a, b), mask, cache in zip(spans, masks, caches):
             ki, vi = cache.update(self.layer, k[:, :, a:b], v[:, :, a:b])
             outs.append(attend(q[:, :, a:b], ki, vi, mask, self.scaling))
         out = torch.cat(outs, 2) if len(outs) > 1 else outs[0]  # [1, H, R, D]
         return self.o_proj(out.transpose(1, 2).reshape(1, rows, self.num_heads * self.head_dim))
+
+    def _attend_planned(self, q, k, v, plan) -> torch.Tensor:
+        """q [1, H, R, D], k/v [1, KV, R, D] of a step over pooled caches -> attention output [R, H, D]. Each group
+        attends in one call: its padded query rows gathered [B, KV, groups * width, D] (query heads folded into the
+        rows, as ``folded_attention``) against the pool's keys of its slots read in place, under its mask."""
+        plan.write(self.layer, k, v)
+        keys, values = plan.pool.k[self.layer], plan.pool.v[self.layer]
+        heads, dim, kv = self.num_heads, self.head_dim, self.num_kv_heads
+        rows_q = q[0].transpose(0, 1)  # [R, H, D]
+        out = q.new_empty(rows_q.shape)
+        for g in plan.groups:
+            batch = g.hi - g.lo
+            qg = rows_q.index_select(0, g.index).view(batch, g.width, heads, dim).transpose(1, 2)
+            qg = qg.reshape(batch, kv, (heads // kv) * g.width, dim)
+            kg, vg = keys[g.lo : g.hi, :, : g.length], values[g.lo : g.hi, :, : g.length]  # in place, no copy
+            og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=self.scaling)
+            og = og.reshape(batch, heads, g.width, dim).transpose(1, 2).reshape(batch * g.width, heads, dim)
+            out.index_copy_(0, g.rows, og.index_select(0, g.places))
+        for i in plan.alone:
+            (a, b), end, slot = plan.spans[i], plan.ends[i], plan.caches[i].live_slot()
+            oi = attend(q[:, :, a:b], keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end], plan.masks[i],
+                        self.scaling)
+            out[a:b] = oi[0].transpose(0, 1)
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -259,8 +287,8 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward_ragged(self, x, cos, sin, spans, masks, caches):
-        x = x + self.self_attn.forward_ragged(self.input_layernorm(x), cos, sin, spans, masks, caches)
+    def forward_ragged(self, x, cos, sin, spans, masks, caches, plan=None):
+        x = x + self.self_attn.forward_ragged(self.input_layernorm(x), cos, sin, spans, masks, caches, plan)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -366,9 +394,10 @@ class LlamaCausalLM(nn.Module):
         cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
         masks = [None if p.mask is None else p.mask.to(device, x.dtype) for p in pieces]
         caches = [p.cache for p in pieces]
+        plan = self._plan(pieces, spans, masks, x)
         hidden = [x] if taps else None
         for layer in self.model.layers:
-            x = layer.forward_ragged(x, cos, sin, spans, masks, caches)
+            x = layer.forward_ragged(x, cos, sin, spans, masks, caches, plan)
             if hidden is not None:
                 hidden.append(x)
         x = self.model.norm(x)
@@ -383,6 +412,20 @@ class LlamaCausalLM(nn.Module):
             out.append((logits[at : at + kb - ka], None if feats is None else feats[a:b]))
             at += kb - ka
         return out
+
+
+    def _plan(self, pieces, spans, masks, x):
+        """A ``StepPlan`` when every piece's cache is a slot of one ``KVPool`` (a batched replica's sessions), else
+        None (attention per piece against its own cache)."""
+        from specdiff.models.kvpool import PooledCache, StepPlan
+
+        pool = getattr(pieces[0].cache, "pool", None)
+        if pool is None or not all(isinstance(p.cache, PooledCache) and p.cache.pool is pool for p in pieces):
+            return None
+        c = self.config
+        like = x.new_empty(1, c.num_key_value_heads, 1, c.head_size)
+        return StepPlan(pool, pieces, spans, masks, heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
+                        dtype=x.dtype, device=x.device, like=like)
 
 
 class Piece(SimpleNamespace):
