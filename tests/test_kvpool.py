@@ -122,3 +122,30 @@ def test_pool_slots_are_reused_released_caches_refuse_use_and_the_last_release_f
     b.release()
     c.release()
     assert pool.nbytes == 0 and pool.cache().slot == 0
+
+
+def test_a_failed_step_rolls_pooled_caches_back_and_the_good_pass_runs_exactly(lean):
+    """A step whose second pass breaks in layer 0 (after the step wrote every pass's keys there) is rolled back; the
+    good pass then runs alone and gets what it gets without the bad one, and only the bad pass fails."""
+    from specdiff.models.batched import BatchedVerifier, _Pass, _Request
+
+    verifier = HFVerifier(lean, tune_kernels=False)
+    reference = verifier.start(PROMPTS[0])
+    want = reference.score(chain_of(reference.tokens[-1], []))
+    batched = BatchedVerifier(verifier)
+    good, other = batched.start(PROMPTS[0]), batched.start(PROMPTS[1])
+    assert batched.pool is not None and good.cache.pool is batched.pool
+    chain = chain_of(good.tokens[-1], [])
+    mask, positions = good.tree_inputs(chain)
+    ok = _Pass(Piece(chain.tokens, good.cache, position_ids=positions, mask=mask), None)
+    n = 70  # more rows than a group takes: it attends alone, with a mask of the wrong width
+    bad = _Pass(Piece(torch.arange(1, n + 1), other.cache, mask=torch.zeros(1, 1, n, 3)), None)
+    requests = [_Request(ok, 1, None, 1.0), _Request(bad, n, None, 1.0)]
+    batched.batcher._run_batch(requests)
+    assert requests[1].error is not None and requests[0].error is None
+    torch.testing.assert_close(good.scored(chain, *requests[0].result), want, rtol=1e-5, atol=1e-5)
+    assert other.cache.get_seq_length() == len(PROMPTS[1]) - 1  # the bad pass left its session as it was
+    assert {layer.length for layer in other.cache.layers} == {len(PROMPTS[1]) - 1}
+    good.close()
+    other.close()
+    assert batched.pool.nbytes == 0

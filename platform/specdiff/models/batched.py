@@ -25,6 +25,7 @@ import torch
 
 from specdiff.core.policy import Load
 from specdiff.models.feature_drafter import FeatureDrafter, FeatureDraftSession
+from specdiff.models.kvpool import PooledCache
 from specdiff.models.llama import Piece
 from specdiff.models.verifier import HFVerifier, HFVerifierSession, check_prompt
 
@@ -178,15 +179,17 @@ class StepBatcher:
         try:
             results = self._run(items)
         except BaseException as err:
+            if self._rollback is not None:
+                self._rollback(items)
             if len(batch) == 1:
                 batch[0].error = err
                 return
-            if self._rollback is not None:
-                self._rollback(items)
-            for req in batch:  # alone, each request fails only itself
+            for req in batch:  # alone, each request fails only itself (and leaves its session as it was)
                 try:
                     req.result = self._run([req.item])[0]
                 except BaseException as one:
+                    if self._rollback is not None:
+                        self._rollback([req.item])
                     req.error = one
             return
         for req, result in zip(batch, results):
@@ -194,11 +197,17 @@ class StepBatcher:
 
 
 def _cache_state(cache) -> tuple[int, list]:
+    if isinstance(cache, PooledCache):  # its rows stay where they are: the lengths say it all (and cost no views)
+        return len(cache.layers), [layer.length for layer in cache.layers]
     return len(cache.layers), [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def _restore(cache, state) -> None:
     count, kv = state
+    if isinstance(cache, PooledCache):
+        for layer, length in zip(cache.layers, kv):
+            layer.length = length
+        return
     del cache.layers[count:]
     for layer, (keys, values) in zip(cache.layers, kv):
         layer.keys, layer.values = keys, values
