@@ -120,7 +120,9 @@ class StepBatcher:
                 self._members[member] = (rows, expected)
             self._pending.append(req)
             self._last_arrival = req.arrived
-            cond.notify_all()
+            # No notify: an arrival that completes a step is fired by its own thread (below), and one that does not
+            # only moves the others' deadlines later (they look again at the earlier one). Waking every waiter at
+            # every arrival cost n^2 wake-ups a step, each taking the lock and the GIL.
             while not req.done:
                 wait = self._wait_s()
                 if wait <= 0:
