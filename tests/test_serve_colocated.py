@@ -360,3 +360,44 @@ def test_decoder_replica_admits_decodes_within_its_kv_budget(ref):
                          info["token_bytes"])
     assert message is not None and "holds at most" in message
     assert room_error(need, info["kv_budget_tokens"], info["kv_budget_mb"], info["token_bytes"]) is None
+
+
+def test_a_pooled_decoder_admits_by_count_times_the_longest_room(ref, tmp_path):
+    """Batch steps over a KV pool give every slot the longest decode's room: two decodes whose rooms sum within the
+    budget, but not twice the longer, run one after the other there, and side by side without the pool."""
+    from test_llama import save_tiny
+
+    from specdiff.models.llama import load_llama
+    from specdiff.models.verifier import HFVerifier
+    from specdiff.serving.wire import room_needed
+
+    lean = HFVerifier(load_llama(save_tiny(tmp_path / "tiny")), tune_kernels=False)
+    short = _options(ref, sampling=SamplingParams(temperature=0.0), max_new_tokens=8, spec=SpecConfig(gamma=2,
+                     num_candidates=1), stop_token_ids=[])
+    long = _options(ref, sampling=SamplingParams(temperature=0.0), max_new_tokens=40, spec=SpecConfig(gamma=2,
+                    num_candidates=1), stop_token_ids=[])
+    prompt = _ids(ref, "Once upon a time")
+    probe = DecodeServer((lean, ref.drafter), kv_budget_mb=1)
+    need_short, need_long = (room_needed(len(prompt), o, True) for o in (short, long))
+    mb = (need_short + need_long + 2) * probe.token_bytes / 2**20  # the sum fits; twice the longer does not
+
+    def overlapped(batching):
+        server = DecodeServer((lean, ref.drafter), kv_budget_mb=mb, batching=batching)
+        assert (getattr(server.batched, "pool", None) is not None) == batching
+        assert need_short + need_long <= server.budget_tokens < 2 * need_long
+        events = []
+
+        async def one(name, options):
+            async for _ in server.decode(prompt, options):
+                events.append(name)
+            events.append(name + " done")
+
+        async def both():
+            await asyncio.gather(one("long", long), one("short", short))
+
+        asyncio.run(both())
+        assert server._reserved == 0
+        return "short" in events[: events.index("long done")]
+
+    assert not overlapped(True)  # pooled: the short decode waited for the long one's room
+    assert overlapped(False)  # per-session caches: both ran at once

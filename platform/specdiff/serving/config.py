@@ -204,7 +204,8 @@ class VerifierOptions(PoolOptions):
     kv_cache_budget_mb: float = Field(
         2048, gt=0, description="Per-replica memory budget for KV caches. Split placement: least recently used "
         "sessions are evicted. Colocated (Decoder): a request waits until its room (prompt + max_tokens + the largest "
-        "tree) fits beside the decodes running; one that could never fit is refused with a 503 naming the limit."
+        "tree) fits beside the decodes running (batch steps over a KV pool: count x the longest room, since every slot "
+        "has the longest's); one that could never fit is refused with a 503 naming the limit."
     )
     num_virtual_nodes: int = Field(100, ge=1, description="Consistent-hash ring: virtual nodes per replica.")
     feature_dtype: Literal["float16", "bfloat16", "float32"] = Field(

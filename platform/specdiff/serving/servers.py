@@ -442,7 +442,7 @@ class DecodeServer:
         self._check(self.verifier, self.drafter)
         self.kv_budget_mb = kv_budget_mb
         self.token_bytes = _token_bytes(self.verifier) if kv_budget_mb is not None else None
-        self._reserved = 0  # tokens of room held by the decodes admitted (``decode``)
+        self._needs: list[int] = []  # tokens of room of each decode admitted (``decode``)
         self._room: tuple | None = None  # (event loop, asyncio.Condition): made at the replica's first decode
         self.batching = batching
         self._batch_options = {"max_rows": max_batch_rows, "max_wait_s": batch_wait_s}
@@ -506,14 +506,28 @@ class DecodeServer:
             self._room = (loop, asyncio.Condition())
         room = self._room[1]
         async with room:
-            await room.wait_for(lambda: self._reserved + need <= self.budget_tokens)
-            self._reserved += need
+            await room.wait_for(lambda: self._fits(need))
+            self._needs.append(need)
         try:
             yield
         finally:
             async with room:
-                self._reserved -= need
+                self._needs.remove(need)
                 room.notify_all()
+
+    @property
+    def _reserved(self) -> int:
+        return sum(self._needs)
+
+    def _fits(self, need: int) -> bool:
+        """Whether a decode needing ``need`` tokens of room fits beside those admitted. Batch steps over a KV pool
+        (``specdiff.models.kvpool``) give every slot the room of the longest decode, so there the decodes hold
+        ``count x longest``; else the sum of their rooms. A decode alone always fits (``room_error`` refused the
+        rest), so no request waits forever."""
+        needs = [*self._needs, need]
+        if getattr(self.batched, "pool", None) is not None:
+            return len(needs) * max(needs) <= self.budget_tokens
+        return sum(needs) <= self.budget_tokens
 
     def swap(self, pair: tuple[Verifier, Drafter], label: str | None = None) -> None:
         """Decode with a promoted pair from the next request on (decodes in flight finish on the old one); the
