@@ -5,8 +5,8 @@ Each decode still runs as it does alone, in its own thread, with its own ``Verif
 the session's forward passes change hands. ``BatchedVerifier.start`` returns a session whose prefill and ``score``
 hand their pass to a ``StepBatcher``; the batcher runs one step as soon as every session of the replica is waiting
 on it (or after a short wait for stragglers), as one ragged forward (``LlamaCausalLM.forward_ragged``: the rows of
-all sessions end to end for the linear layers and the LM head, attention per session against its own cache), and
-hands each session its own rows back. Sessions join and leave between steps. So the engine, its policy, streaming,
+all sessions end to end for the linear layers and the LM head; attention per group of sessions in one call, their
+KV caches being slots of one ``KVPool``, ``specdiff.models.kvpool``), and hands each session its own rows back. Sessions join and leave between steps. So the engine, its policy, streaming,
 stop strings and cancellation stay as they are, and each session's tokens are what it would decode alone, up to
 the rounding of a product over more rows (float32: equal but at near-ties; docs/serve.md).
 
@@ -25,7 +25,7 @@ import torch
 
 from specdiff.core.policy import Load
 from specdiff.models.feature_drafter import FeatureDrafter, FeatureDraftSession
-from specdiff.models.kvpool import PooledCache
+from specdiff.models.kvpool import KVPool, PooledCache
 from specdiff.models.llama import Piece
 from specdiff.models.verifier import HFVerifier, HFVerifierSession, check_prompt
 
@@ -249,8 +249,6 @@ class BatchedVerifier:
         # Not per call: a split replica's sessions idle in an LRU between calls, and would hold slots of the longest.
         self.pool = None
         if self.batched and not per_call and hasattr(model, "config"):
-            from specdiff.models.kvpool import KVPool
-
             self.pool = KVPool(int(model.config.num_hidden_layers))
         self.batcher = batcher or StepBatcher(self._run, rollback=self._rollback, **batcher_options)
 

@@ -269,8 +269,8 @@ class Attention(nn.Module):
             out.index_copy_(0, g.rows, og.index_select(0, g.places))
         for i in plan.alone:
             (a, b), end, slot = plan.spans[i], plan.ends[i], plan.caches[i].live_slot()
-            oi = attend(q[:, :, a:b], keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end], plan.masks[i],
-                        self.scaling)
+            ki, vi = keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end]
+            oi = attend(q[:, :, a:b], ki, vi, plan.masks[i], self.scaling)
             out[a:b] = oi[0].transpose(0, 1)
         return out
 
@@ -412,7 +412,6 @@ class LlamaCausalLM(nn.Module):
             out.append((logits[at : at + kb - ka], None if feats is None else feats[a:b]))
             at += kb - ka
         return out
-
 
     def _plan(self, pieces, spans, masks, x):
         """A ``StepPlan`` when every piece's cache is a slot of one ``KVPool`` (a batched replica's sessions), else
