@@ -206,7 +206,7 @@ class StepPlan:
     """How one ``forward_ragged`` step over pooled caches writes and attends, computed once for all its layers.
 
     ``slot_rows`` / ``positions`` [R]: where each step row's keys go in the pool; ``groups``: batched attention
-    calls; ``alone``: (piece index, (start, end) rows) of the pieces that attend by themselves."""
+    calls; ``alone``: indices of the pieces that attend by themselves."""
 
     def __init__(self, pool: KVPool, pieces, spans, masks, *, heads: int, kv_heads: int, dtype: torch.dtype,
                  device: torch.device, like: torch.Tensor):
@@ -217,8 +217,7 @@ class StepPlan:
         cached = [c.get_seq_length() for c in self.caches]
         slots = [c.live_slot() for c in self.caches]
         self.ends = [c + (b - a) for c, (a, b) in zip(cached, spans)]
-        with pool.lock:  # grow once, before the first layer: no buffer moves during the step
-            pool.reserve(max(slots), max(self.ends), like)
+        pool.reserve(max(slots), max(self.ends), like)  # grow once, before the first layer: no move mid-step
         rows = spans[-1][1]
         slot_rows = torch.empty(rows, dtype=torch.long)
         positions = torch.empty(rows, dtype=torch.long)
@@ -226,7 +225,7 @@ class StepPlan:
             slot_rows[a:b] = s
             positions[a:b] = torch.arange(c, c + b - a)
         self.slot_rows, self.positions = slot_rows.to(device), positions.to(device)
-        self.heads, self.groups_per_kv = heads, heads // kv_heads
+        self.groups_per_kv = heads // kv_heads
         self.groups: list[_Group] = []
         self.alone: list[int] = []
         small = sorted((i for i, (a, b) in enumerate(spans) if b - a <= _MAX_GROUP_ROWS), key=self._width)
