@@ -64,6 +64,41 @@ def test_sampled_teacher_logprobs_are_the_target_distribution(verifier_model):
         assert (p[torch.arange(5), completions[b]] > 0).all()  # every sampled token is allowed by top-p
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_ragged_teacher_on_the_lean_forward_equals_the_padded_one(tmp_path, temperature):
+    """The lean Llama teacher (``load_teacher_model``: ragged prefill in chunks, decode steps over a KV pool) gives
+    what transformers' padded batch gives: tokens, top-k log p, tapped states and prompt targets, for prompts short
+    enough to share an attention call and long enough to attend alone, split over several prefill chunks."""
+    from specdiff.distill import trajectories
+    from specdiff.distill.trajectories import load_teacher_model
+    from specdiff.models.llama import LlamaCausalLM
+
+    tiny_llama(V, seed=3, init_std=0.2).save_pretrained(tmp_path / "v")
+    lean = load_teacher_model(tmp_path / "v", "float32")
+    assert isinstance(lean, LlamaCausalLM)
+    padded = HFModel(trajectories.load_verifier_model(tmp_path / "v", "float32"))
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (3, 1, 70, 12, 90, 5)]
+    sampling = SamplingParams(temperature=temperature)
+    outs = {}
+    for name, model in (("padded", padded), ("lean", lean)):
+        feats, targets = [], []
+        out = trajectories.sample_completions(model, prompts, 7, sampling, 3, torch.Generator().manual_seed(5),
+                                              taps=(0, 1), features_out=feats, prompt_targets_out=targets)
+        outs[name] = (*out, feats, targets)
+    (c, ids, lp, feats, targets), (c2, ids2, lp2, feats2, targets2) = outs["padded"], outs["lean"]
+    assert torch.equal(c, c2) and torch.equal(ids, ids2)
+    torch.testing.assert_close(lp2, lp, atol=1e-4, rtol=1e-4)
+    assert [f.shape for f in feats2] == [(len(p) + 6, 64) for p in prompts]
+    for a, b in zip(feats, feats2):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+    assert all(torch.equal(a, b) for a, b in zip(targets, targets2))
+    # Small prefill chunks (one prompt per forward where they do not fit together) change nothing.
+    chunked = trajectories._sample_ragged(lean, prompts, 7, sampling, 3, torch.Generator().manual_seed(5),
+                                          prefill_rows=64)
+    assert torch.equal(chunked[0], c2)
+
+
 def test_cut_windows_and_heldout_prefixes():
     records = {"prompt_ids": [[1, 2]], "completion_ids": [list(range(10, 20))],
                "topk_ids": [[[t, 0] for t in range(10, 20)]], "topk_logprobs": [[[-0.1, -3.0]] * 10]}

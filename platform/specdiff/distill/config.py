@@ -99,8 +99,9 @@ class TeacherSection(Section):
     num_actors: int = Field(1, ge=1, description="Actor pool size (each holds a copy of the verifier).")
     cpus_per_actor: float = Field(0.5, gt=0, description="Logical CPUs per teacher actor.")
     gpus_per_actor: float = Field(0, ge=0, description="GPUs per teacher actor.")
-    engine: Literal["auto", "hf", "vllm"] = Field("auto", description="What samples: hf (batched Hugging Face "
-                                                  "decoding), vllm (a vLLM engine in each actor; the vLLM extra), "
+    engine: Literal["auto", "hf", "vllm"] = Field("auto", description="What samples: hf (batched torch "
+                                                  "decoding: the lean Llama forward where it is exact, else "
+                                                  "transformers), vllm (a vLLM engine in each actor; the vLLM extra), "
                                                   "auto: vllm where it is installed and the actors have GPUs, else "
                                                   "hf (faster on a 2-core CPU: docs/distill.md).")
     save_to: str | None = Field(None, description="Also write the trajectories to this parquet folder (then "

@@ -16,7 +16,8 @@ import torch
 
 from specdiff.core.config import SamplingParams
 from specdiff.distill.trajectories import causal_inputs  # noqa: F401 (moved there; kept importable from here)
-from specdiff.distill.trajectories import encode_features, load_verifier_model, sample_completions
+from specdiff.distill.trajectories import encode_features, load_teacher_model, sample_completions
+from specdiff.distill.trajectories import load_verifier_model  # noqa: F401 (kept importable from here)
 from specdiff.lineage.verifier import VerifierRecord
 from specdiff.lineage.verifier import WEIGHT_SUFFIXES, verifier_record  # noqa: F401 (moved there; kept importable)
 from specdiff.models.hf import HFModel
@@ -39,7 +40,9 @@ class TeacherSampler:
                  max_prompt_tokens: int, seed: int, taps: list[int] | None = None, deadline: float | None = None,
                  events: Emitter | None = None):
         self._setup(verifier, sampling, max_new_tokens, logprobs_k, max_prompt_tokens, seed, taps, deadline, events)
-        self.hf = HFModel(load_verifier_model(self.record.path, dtype))
+        self.hf = load_teacher_model(self.record.path, dtype)  # the lean Llama forward where it is exact
+        if not isinstance(self.hf, HFModel):
+            self.engine = "hf, lean Llama forward"
 
     def _setup(self, verifier, sampling, max_new_tokens, logprobs_k, max_prompt_tokens, seed, taps,
                deadline=None, events: Emitter | None = None) -> None:
