@@ -77,6 +77,24 @@ def _greedy_step(logits: torch.Tensor, k: int):
     return token, (lp, ids)
 
 
+def _draw(logits: torch.Tensor, sampling: SamplingParams, k: int, generator: torch.Generator | None,
+          tokens: list, top_ids: list, top_lp: list) -> torch.Tensor:
+    """One decode step's tokens [B, 1] from logits [B, V] under ``sampling``, appended to ``tokens`` ([B] each), with
+    the top-k (ids, log p) of p appended to ``top_ids`` / ``top_lp`` when ``k``."""
+    if sampling.greedy:  # p is the argmax one-hot: skip the [B, V] softmax, log and multinomial draw
+        token, top = _greedy_step(logits, k)
+    else:
+        p = target_probs(logits, sampling)  # [B, V]
+        token = sample(p, generator)  # [B, 1]
+        top = p.log().topk(k, dim=-1) if k else None
+    tokens.append(token[:, 0])
+    if top is not None:
+        values, indices = top
+        top_ids.append(indices)
+        top_lp.append(values)
+    return token
+
+
 @torch.no_grad()
 def sample_completions(
     hf: HFModel,
@@ -131,17 +149,7 @@ def sample_completions(
     tokens, top_ids, top_lp = [], [], []
     k = min(logprobs_k, hf.vocab_size)
     for step in range(max_new_tokens):
-        if sampling.greedy:  # p is the argmax one-hot: skip the [B, V] softmax, log and multinomial draw
-            token, top = _greedy_step(logits, k)
-        else:
-            p = target_probs(logits, sampling)  # [B, V]
-            token = sample(p, generator)  # [B, 1]
-            top = p.log().topk(k, dim=-1) if k else None
-        tokens.append(token[:, 0])
-        if top is not None:
-            values, indices = top
-            top_ids.append(indices)
-            top_lp.append(values)
+        token = _draw(logits, sampling, k, generator, tokens, top_ids, top_lp)
         if step == max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones_like(token)], dim=1)
@@ -161,8 +169,6 @@ def sample_completions(
     if not k:
         return completions, torch.zeros(b, max_new_tokens, 0, dtype=torch.long), torch.zeros(b, max_new_tokens, 0)
     return completions, torch.stack(top_ids, 1), torch.stack(top_lp, 1).float()
-
-
 
 
 # A ragged prefill's rows per forward: the LM head's logits for every prompt row (prompt targets) are [rows, V]
@@ -196,7 +202,6 @@ def _sample_ragged(
     pool = KVPool(model.config.num_hidden_layers, min_room=max(len(p) for p in prompts) + max_new_tokens)
     caches = [pool.cache() for _ in prompts]
     want_targets = prompt_targets_out is not None
-    device = model.device
     last_logits: list[torch.Tensor] = [None] * len(prompts)  # type: ignore[list-item]
     feats: list[list[torch.Tensor]] = [[] for _ in prompts]
     targets: list[torch.Tensor] = [None] * len(prompts)  # type: ignore[list-item]
@@ -222,16 +227,7 @@ def _sample_ragged(
         tokens, top_ids, top_lp = [], [], []
         k = min(logprobs_k, int(model.lm_head.weight.shape[0]))
         for step in range(max_new_tokens):
-            if sampling.greedy:
-                token, top = _greedy_step(logits, k)
-            else:
-                p = target_probs(logits, sampling)
-                token = sample(p, generator)
-                top = p.log().topk(k, dim=-1) if k else None
-            tokens.append(token[:, 0])
-            if top is not None:
-                top_ids.append(top[1])
-                top_lp.append(top[0])
+            token = _draw(logits, sampling, k, generator, tokens, top_ids, top_lp)
             if step == max_new_tokens - 1:
                 break
             pieces = [Piece(token[i], caches[i], last=1) for i in range(len(prompts))]
