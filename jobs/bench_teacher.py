@@ -45,12 +45,12 @@ def main(argv=None) -> None:
     import torch
 
     from specdiff.core.config import SamplingParams
+    from specdiff.distill.selfwritten import packaged
     from specdiff.distill.teacher import TeacherSampler, verifier_record
     from specdiff.distill.trajectories import load_verifier_model
-    from specdiff.models.hf import HFModel
     from specdiff.models.dtypes import resolve_dtype_with_reason
+    from specdiff.models.hf import HFModel
     from specdiff.models.sources import DEFAULT_VERIFIER, default_verifier_path, load_causal_lm
-    from specdiff.distill.selfwritten import packaged
     from specdiff.prompts import prompt_ids, training_mix
 
     path = default_verifier_path()
